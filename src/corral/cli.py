@@ -1,0 +1,50 @@
+"""The `corral` command line.
+
+`corral exec` is dispatched before typer is imported: it is started once per
+sandboxed command and its start-up time is part of every sandbox's latency.
+Every other command goes through the typer app, whose areas register their own
+commands (each area owns its `cli.py`).
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import typer
+
+__all__ = ["build_app", "main"]
+
+# Each module exposes `register(app: typer.Typer) -> None`.
+_AREAS: tuple[str, ...] = (
+    "corral.sandbox.cli",
+    "corral.broker.cli",
+    "corral.provider.cli",
+    "corral.verify.cli",
+)
+
+
+def build_app() -> typer.Typer:
+    import typer
+
+    app = typer.Typer(
+        name="corral",
+        help="Run coding agents unattended with verifiable host guarantees.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+    for name in _AREAS:
+        import_module(name).register(app)
+    return app
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    if argv[:1] == ["exec"]:
+        from corral.sandbox.exec_cli import run_exec
+
+        sys.exit(run_exec(argv[1:]))
+    build_app()(prog_name="corral")

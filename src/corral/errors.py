@@ -1,0 +1,84 @@
+"""The one exception tree of corral.
+
+    CorralError
+    ├── UsageError(CorralError, ValueError)        bad input from the user -> exit 2
+    ├── ConfigError(CorralError, ValueError)       corral.toml / mission file rejected
+    ├── LayerUnavailableError(CorralError, RuntimeError)
+    │                                              a protection layer is missing -> exit 125
+    ├── SandboxStartError(CorralError, OSError)    the sandbox could not be started -> exit 125
+    ├── CgroupError(CorralError, OSError)          cgroup create/limit/kill failed
+    ├── BrokerError(CorralError, OSError)          the broker failed or is unreachable
+    ├── JournalError(CorralError, OSError)         the journal cannot be written/read
+    ├── PolicyError(CorralError, ValueError)       a policy is malformed (always denies)
+    ├── ProviderError(CorralError, RuntimeError)   synthetic provider / scenario failures
+    └── AgentError(CorralError, RuntimeError)      an agent CLI adapter failed
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AgentError",
+    "BrokerError",
+    "CgroupError",
+    "ConfigError",
+    "CorralError",
+    "JournalError",
+    "LayerUnavailableError",
+    "PolicyError",
+    "ProviderError",
+    "SandboxStartError",
+    "UsageError",
+]
+
+
+class CorralError(Exception):
+    """Root of every error corral raises on purpose."""
+
+
+class UsageError(CorralError, ValueError):
+    """The user's input is invalid; the CLI prints one line and exits 2."""
+
+
+class ConfigError(CorralError, ValueError):
+    """A configuration or mission file was rejected."""
+
+
+class LayerUnavailableError(CorralError, RuntimeError):
+    """A protection layer the profile needs is not available on this host."""
+
+    def __init__(self, layer: str, reason: str, hint: str = "") -> None:
+        self.layer = layer
+        self.reason = reason
+        self.hint = hint
+        msg = f"protection layer '{layer}' unavailable: {reason}"
+        if hint:
+            msg += f" (hint: {hint}; or pass --allow-degraded {layer})"
+        super().__init__(msg)
+
+
+class SandboxStartError(CorralError, OSError):
+    """The sandbox could not be started."""
+
+
+class CgroupError(CorralError, OSError):
+    """A cgroup operation failed."""
+
+
+class BrokerError(CorralError, OSError):
+    """The broker failed or is unreachable."""
+
+
+class JournalError(CorralError, OSError):
+    """The journal could not be written or read."""
+
+
+class PolicyError(CorralError, ValueError):
+    """A policy is malformed; actions it would decide are denied."""
+
+
+class ProviderError(CorralError, RuntimeError):
+    """The synthetic provider or a scenario failed."""
+
+
+class AgentError(CorralError, RuntimeError):
+    """An agent CLI adapter failed."""

@@ -1,0 +1,114 @@
+"""Markers probed from this machine, defined once for the whole suite.
+
+A test that needs a host feature carries `requires_<feature>`; when the probe
+fails the test is skipped with the reason. With CORRAL_REQUIRE_ALL=1 (set by
+CI) such a skip is turned into a failure, so a guarantee is never silently
+untested on the CI machine.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+
+import pytest
+
+from corral.sandbox import probe
+
+
+@functools.cache
+def _root() -> str | None:
+    return None if os.geteuid() == 0 else "needs root"
+
+
+@functools.cache
+def _bwrap() -> str | None:
+    r = probe.probe_bwrap()
+    return None if r.available else r.reason
+
+
+@functools.cache
+def _cgroup() -> str | None:
+    r = probe.probe_cgroup()
+    return None if r.available else r.reason
+
+
+@functools.cache
+def _landlock() -> str | None:
+    r = probe.probe_landlock()
+    return None if r.available else r.reason
+
+
+@functools.cache
+def _seccomp() -> str | None:
+    r = probe.probe_seccomp()
+    return None if r.available else r.reason
+
+
+@functools.cache
+def _userns() -> str | None:
+    r = probe.probe_userns()
+    return None if r.available else r.reason
+
+
+@functools.cache
+def _kvm() -> str | None:
+    return None if os.access("/dev/kvm", os.R_OK | os.W_OK) else "/dev/kvm not usable"
+
+
+@functools.cache
+def _npm() -> str | None:
+    return None if shutil.which("npm") else "npm not installed"
+
+
+@functools.cache
+def _curl() -> str | None:
+    return None if shutil.which("curl") else "curl not installed"
+
+
+def _sandbox() -> str | None:
+    return _root() or _bwrap() or _userns() or _cgroup() or _seccomp() or _landlock()
+
+
+PROBES: dict[str, tuple[str, Callable[[], str | None]]] = {
+    "requires_root": ("the test runs as root", _root),
+    "requires_bwrap": ("bubblewrap is installed and works", _bwrap),
+    "requires_cgroup": ("a writable cgroup hierarchy", _cgroup),
+    "requires_landlock": ("Landlock is available", _landlock),
+    "requires_seccomp": ("libseccomp is usable", _seccomp),
+    "requires_userns": ("unprivileged user namespaces work", _userns),
+    "requires_kvm": ("/dev/kvm is usable", _kvm),
+    "requires_npm": ("npm is installed", _npm),
+    "requires_curl": ("curl is installed", _curl),
+    "requires_sandbox": ("the full namespace sandbox profile can run", _sandbox),
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, (doc, _) in PROBES.items():
+        config.addinivalue_line("markers", f"{name}: {doc}")
+    config.addinivalue_line("markers", "slow: takes more than a few seconds")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    strict = os.environ.get("CORRAL_REQUIRE_ALL") == "1"
+    for name, (_, check) in PROBES.items():
+        if item.get_closest_marker(name) is None:
+            continue
+        reason = check()
+        if reason is None:
+            continue
+        if strict:
+            pytest.fail(f"{name}: {reason} (CORRAL_REQUIRE_ALL=1 forbids skipping)")
+        pytest.skip(f"{name}: {reason}")
+
+
+@pytest.fixture
+def run_cmd() -> Callable[..., subprocess.CompletedProcess[str]]:
+    def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, check=False)
+
+    return _run
