@@ -25,6 +25,9 @@ __all__ = [
     "probe_pidns",
     "probe_seccomp",
     "probe_userns",
+    "probe_qemu",
+    "probe_init_python",
+    "REQUIRED_LAYERS",
 ]
 
 _SYS_LANDLOCK_CREATE_RULESET = 444
@@ -73,7 +76,6 @@ def probe_bwrap() -> LayerStatus:
 
 def _unprivileged(cmd: list[str]) -> tuple[bool, str]:
     """Run `cmd` as PROBE_UID (when root) and report success and stderr."""
-    kwargs_user: dict[str, int] = {}
     try:
         if os.geteuid() == 0:
             proc = subprocess.run(
@@ -81,7 +83,7 @@ def _unprivileged(cmd: list[str]) -> tuple[bool, str]:
                 user=PROBE_UID, group=PROBE_UID, extra_groups=[],
             )
         else:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False, **kwargs_user)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.SubprocessError) as exc:
         return False, str(exc)
     return proc.returncode == 0, proc.stderr.strip()
@@ -122,38 +124,17 @@ def probe_pidns() -> LayerStatus:
     return LayerStatus("pidns", True, "PID, mount, net, IPC and UTS namespaces work under bwrap")
 
 
-def _cgroup_layout() -> tuple[str, dict[str, str]]:
-    """('v2'|'v1'|'none', {controller: mount path})."""
-    mounts: dict[str, str] = {}
-    unified = ""
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8") as fh:
-            for line in fh:
-                left, _, right = line.partition(" - ")
-                fstype, _src, opts = (right.split() + ["", "", ""])[:3]
-                mnt = left.split()[4]
-                if fstype == "cgroup2":
-                    unified = unified or mnt
-                elif fstype == "cgroup":
-                    for opt in opts.split(","):
-                        if opt in ("memory", "pids", "cpu", "freezer", "cpuacct"):
-                            mounts[opt] = mnt
-    except OSError:
-        return "none", {}
-    if mounts:
-        if unified:
-            mounts["unified"] = unified
-        return "v1", mounts
-    if unified:
-        return "v2", {"unified": unified}
-    return "none", {}
-
-
 @functools.cache
 def probe_cgroup() -> LayerStatus:
-    kind, mounts = _cgroup_layout()
-    if kind == "none":
+    from corral.sandbox.cgroup import detect_layout
+
+    layout = detect_layout()
+    if layout is None:
         return LayerStatus("cgroup", False, "no cgroup filesystem mounted", "mount cgroup2 on /sys/fs/cgroup")
+    kind = layout.kind
+    mounts = dict(layout.v1)
+    if layout.unified:
+        mounts["unified"] = layout.unified
     detail = {"hierarchy": kind, **{f"mount.{k}": v for k, v in mounts.items()}}
     if kind == "v2":
         root = mounts["unified"]
@@ -225,6 +206,26 @@ def probe_kvm() -> LayerStatus:
     return LayerStatus("kvm", True, "/dev/kvm usable")
 
 
+def probe_qemu() -> LayerStatus:
+    path = shutil.which("qemu-system-x86_64")
+    if path is None:
+        return LayerStatus("qemu", False, "qemu-system-x86_64 not found (microvm backend)",
+                           "apt-get install qemu-system-x86")
+    return LayerStatus("qemu", True, f"QEMU at {path}")
+
+
+def probe_init_python() -> LayerStatus:
+    path = "/usr/bin/python3"
+    if not os.access(path, os.X_OK):
+        return LayerStatus("init", False, f"{path} missing: the in-sandbox init (Landlock) needs it",
+                           "apt-get install python3")
+    return LayerStatus("init", True, f"in-sandbox init runs on {path}")
+
+
 def all_layers() -> list[LayerStatus]:
     return [probe_bwrap(), probe_userns(), probe_pidns(), probe_cgroup(), probe_seccomp(),
-            probe_landlock(), probe_kvm()]
+            probe_landlock(), probe_init_python(), probe_kvm(), probe_qemu()]
+
+
+#: Layers the default (namespace) profile cannot run without.
+REQUIRED_LAYERS = ("bwrap", "userns", "pidns", "cgroup", "seccomp", "landlock", "init")

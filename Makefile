@@ -1,0 +1,51 @@
+# corral: `make demo` installs everything and runs a sandboxed demo;
+# `make test` installs everything and runs the checks and the test suite.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install system venv demo test lint typecheck unit integration bench clean
+
+install: system venv
+
+system:
+	bash scripts/install-system.sh
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: install
+	$(BIN)/corral doctor
+	mkdir -p .corral/demo
+	$(BIN)/corral exec --workspace .corral/demo --memory 512M --pids 256 --cpus 1 --timeout 60 --json -- \
+	  sh -c 'echo "hello from $$(id -un) in $$(pwd)"; python3 -c "print(\"python works\")"; \
+	         setsid sleep 1000 & echo "a setsid daemon was started; corral kills it at exit"; \
+	         cat ~/.ssh/id_rsa /root/.ssh/id_rsa 2>&1 | head -2'
+
+lint: venv
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+typecheck: venv
+	$(BIN)/mypy
+
+unit: venv
+	$(BIN)/pytest tests/unit -q
+
+integration: venv
+	$(BIN)/pytest tests/integration -q
+
+test: install lint typecheck
+	$(BIN)/pytest -q
+
+bench: install
+	$(BIN)/python bench/exec_latency.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,147 @@
+"""The bubblewrap command line, built as pure data.
+
+`BwrapPlan` carries everything the launcher found out about the host (which
+/etc entries exist, how /bin is linked, which file descriptors it opened);
+`build_argv` turns a plan into a fresh argv list on every call and does no
+I/O, so the exact command line is golden-tested and printable (`--dry-run`).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+
+from corral.sandbox.spec import SandboxSpec
+
+__all__ = [
+    "ETC_ALLOWLIST",
+    "INIT_DIR",
+    "SYSTEM_SYMLINK_CANDIDATES",
+    "BwrapPlan",
+    "StagedBind",
+    "build_argv",
+]
+
+#: Host /etc entries the sandbox may read. Everything else in /etc (shadow,
+#: ssh host keys, pip.conf/npmrc with registry tokens, machine-id, ...) is
+#: absent. passwd, group and hosts are synthesized.
+ETC_ALLOWLIST: tuple[str, ...] = (
+    "alternatives",
+    "bash.bashrc",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "debian_version",
+    "gai.conf",
+    "host.conf",
+    "inputrc",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "locale.alias",
+    "localtime",
+    "magic",
+    "magic.mime",
+    "mime.types",
+    "nsswitch.conf",
+    "os-release",
+    "perl",
+    "profile",
+    "protocols",
+    "python3",
+    "python3.11",
+    "services",
+    "shells",
+    "ssl",
+    "terminfo",
+    "timezone",
+)
+
+#: Top-level names that merged-/usr systems make symlinks into /usr.
+SYSTEM_SYMLINK_CANDIDATES: tuple[str, ...] = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+
+#: Where the init and its helper modules appear inside the sandbox.
+INIT_DIR = "/run/corral"
+
+
+@dataclass(frozen=True, slots=True)
+class StagedBind:
+    """A user bind whose host source was staged (idmapped) at `source`."""
+
+    source: str
+    dest: str
+    writable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BwrapPlan:
+    """Host facts and file descriptors the argv refers to."""
+
+    bwrap: str
+    spec: SandboxSpec
+    #: (name, target) for top-level symlinks like ("bin", "usr/bin"); names
+    #: that are real directories on the host appear with target None.
+    system_links: tuple[tuple[str, str | None], ...]
+    etc_entries: tuple[str, ...]
+    binds: tuple[StagedBind, ...]
+    #: dest path -> fd whose content becomes that read-only file.
+    data_files: tuple[tuple[str, int], ...]
+    init_argv: tuple[str, ...]
+    sandbox_uid: int = 1000
+    sandbox_gid: int = 1000
+    seccomp_fd: int | None = None
+    info_fd: int | None = None
+    block_fd: int | None = None
+
+
+def _depth_key(bind: StagedBind) -> tuple[int, str]:
+    return (bind.dest.rstrip("/").count("/"), bind.dest)
+
+
+def build_argv(plan: BwrapPlan) -> list[str]:
+    spec = plan.spec
+    argv: list[str] = [
+        plan.bwrap,
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--die-with-parent",
+        "--new-session",
+        "--uid", str(plan.sandbox_uid),
+        "--gid", str(plan.sandbox_gid),
+        "--hostname", spec.hostname,
+        "--ro-bind", "/usr", "/usr",
+    ]
+    for name, target in plan.system_links:
+        if target is None:
+            argv += ["--ro-bind", f"/{name}", f"/{name}"]
+        else:
+            argv += ["--symlink", target, f"/{name}"]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    # tmpfs directories come before user binds so that a workspace below
+    # /tmp or /home is mounted on top of the fresh tmpfs, not hidden by it.
+    argv += ["--tmpfs", "/tmp", "--tmpfs", "/home", "--tmpfs", "/var", "--dir", "/var/tmp"]
+    argv += ["--tmpfs", "/run", "--dir", INIT_DIR]
+    if not spec.home.startswith("/home/"):
+        argv += ["--tmpfs", spec.home]
+    else:
+        argv += ["--dir", spec.home]
+    for entry in plan.etc_entries:
+        path = posixpath.join("/etc", entry)
+        argv += ["--ro-bind", path, path]
+    for dest, fd in plan.data_files:
+        argv += ["--ro-bind-data", str(fd), dest]
+    for bind in sorted(plan.binds, key=_depth_key):
+        argv += ["--bind" if bind.writable else "--ro-bind", bind.source, bind.dest]
+    argv += ["--remount-ro", "/"]
+    if plan.seccomp_fd is not None:
+        argv += ["--seccomp", str(plan.seccomp_fd)]
+    if plan.info_fd is not None:
+        argv += ["--info-fd", str(plan.info_fd)]
+    if plan.block_fd is not None:
+        argv += ["--block-fd", str(plan.block_fd)]
+    argv += ["--chdir", spec.workspace, "--"]
+    argv += list(plan.init_argv)
+    return argv

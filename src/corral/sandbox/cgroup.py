@@ -1,0 +1,381 @@
+"""One cgroup per sandbox, on cgroup v2 or on v1/hybrid hosts.
+
+On v1 the sandbox gets a directory in each controller hierarchy (memory with
+memsw, pids, cpu, cpuacct, freezer) and, where the hybrid cgroup2 tree is
+mounted, one there too: its core files give `cgroup.kill` and `cpu.stat`
+even with no controller attached. Processes are attached by writing "0"
+(the writer itself) to every `cgroup.procs`, which the launcher does in the
+child between fork and exec, so nothing the sandbox runs starts outside.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+from corral.errors import CgroupError
+from corral.sandbox.spec import Limits
+
+__all__ = [
+    "CPU_PERIOD_US",
+    "Cgroup",
+    "CgroupLayout",
+    "CgroupUsage",
+    "detect_layout",
+    "parse_flat_keyed",
+    "sweep_stale",
+]
+
+CPU_PERIOD_US = 100_000
+_V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "freezer")
+_OWNER_RE = re.compile(r"^[a-z]+-(\d+)-[0-9a-f]+$")
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupLayout:
+    """Where the hierarchies are mounted. `kind` is 'v2' (unified only) or 'v1'."""
+
+    kind: Literal["v1", "v2"]
+    v1: tuple[tuple[str, str], ...]
+    unified: str | None
+
+    def v1_mount(self, controller: str) -> str | None:
+        return dict(self.v1).get(controller)
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupUsage:
+    """What the kernel counted for one cgroup."""
+
+    peak_memory_bytes: int
+    cpu_s: float
+    oom_kills: int
+    pids_limit_hits: int
+    memory_limit_hits: int
+
+
+def parse_flat_keyed(text: str) -> dict[str, int]:
+    """Parse 'key value' lines (memory.events, cpu.stat, oom_control)."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def detect_layout(mountinfo: str | None = None) -> CgroupLayout | None:
+    """Find the cgroup mounts from /proc/self/mountinfo (or the given text)."""
+    if mountinfo is None:
+        try:
+            with open("/proc/self/mountinfo", encoding="utf-8") as fh:
+                mountinfo = fh.read()
+        except OSError:
+            return None
+    v1: dict[str, str] = {}
+    unified: str | None = None
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields = right.split()
+        if len(fields) < 3:
+            continue
+        fstype, opts = fields[0], fields[2]
+        mnt = left.split()[4]
+        if fstype == "cgroup2" and unified is None:
+            unified = mnt
+        elif fstype == "cgroup":
+            for opt in opts.split(","):
+                if opt in _V1_CONTROLLERS and opt not in v1:
+                    v1[opt] = mnt
+    if v1:
+        return CgroupLayout("v1", tuple(sorted(v1.items())), unified)
+    if unified:
+        return CgroupLayout("v2", (), unified)
+    return None
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="ascii") as fh:
+        return fh.read()
+
+
+def _write(path: str, value: str) -> None:
+    try:
+        with open(path, "w", encoding="ascii") as fh:
+            fh.write(value)
+    except OSError as exc:
+        raise CgroupError(exc.errno, f"cannot write {value.strip()!r} to {path}: {exc.strerror}") from exc
+
+
+def _enable_v2_controllers(directory: str) -> None:
+    wanted = ("memory", "pids", "cpu")
+    have = _read(os.path.join(directory, "cgroup.subtree_control")).split()
+    missing = [c for c in wanted if c not in have]
+    if missing:
+        _write(os.path.join(directory, "cgroup.subtree_control"), " ".join(f"+{c}" for c in missing))
+
+
+class Cgroup:
+    """A sandbox's cgroup in every mounted hierarchy, at `relpath` below each root."""
+
+    def __init__(self, layout: CgroupLayout, relpath: str) -> None:
+        self.layout = layout
+        self.relpath = relpath.strip("/")
+        dirs: dict[str, str] = {}
+        for ctrl, mnt in layout.v1:
+            dirs.setdefault(ctrl, os.path.join(mnt, self.relpath))
+        if layout.unified:
+            dirs["unified"] = os.path.join(layout.unified, self.relpath)
+        self.dirs = dirs
+
+    # -- creation ---------------------------------------------------------
+    @classmethod
+    def create(cls, layout: CgroupLayout, relpath: str, limits: Limits) -> Cgroup:
+        cg = cls(layout, relpath)
+        try:
+            cg._mkdirs()
+            cg._apply_limits(limits)
+        except BaseException:
+            cg.remove(timeout_s=1.0)
+            raise
+        return cg
+
+    def _unique_dirs(self) -> list[str]:
+        seen: list[str] = []
+        for d in self.dirs.values():
+            if d not in seen:
+                seen.append(d)
+        return seen
+
+    def _mkdirs(self) -> None:
+        if self.layout.kind == "v2" and self.layout.unified:
+            # cgroup v2 hands controllers down one level at a time.
+            parts = self.relpath.split("/")
+            cur = self.layout.unified
+            _enable_v2_controllers(cur)
+            for part in parts[:-1]:
+                cur = os.path.join(cur, part)
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(cur)
+                _enable_v2_controllers(cur)
+        for d in self._unique_dirs():
+            try:
+                os.makedirs(d, exist_ok=False)
+            except FileExistsError:
+                raise CgroupError(errno.EEXIST, f"cgroup {d} already exists") from None
+            except OSError as exc:
+                raise CgroupError(exc.errno, f"cannot create cgroup {d}: {exc.strerror}") from exc
+
+    def _apply_limits(self, limits: Limits) -> None:
+        if self.layout.kind == "v2":
+            d = self.dirs["unified"]
+            if limits.memory_bytes is not None:
+                _write(os.path.join(d, "memory.max"), str(limits.memory_bytes))
+                swap = os.path.join(d, "memory.swap.max")
+                if os.path.exists(swap):
+                    _write(swap, "0")
+            if limits.pids is not None:
+                _write(os.path.join(d, "pids.max"), str(limits.pids))
+            if limits.cpus is not None:
+                _write(os.path.join(d, "cpu.max"), f"{int(limits.cpus * CPU_PERIOD_US)} {CPU_PERIOD_US}")
+            return
+        if limits.memory_bytes is not None:
+            d = self.dirs["memory"]
+            _write(os.path.join(d, "memory.limit_in_bytes"), str(limits.memory_bytes))
+            memsw = os.path.join(d, "memory.memsw.limit_in_bytes")
+            # memsw must be set after the memory limit (it may not be lower);
+            # equal values mean the sandbox gets no swap at all.
+            if os.path.exists(memsw):
+                _write(memsw, str(limits.memory_bytes))
+        if limits.pids is not None:
+            _write(os.path.join(self.dirs["pids"], "pids.max"), str(limits.pids))
+        if limits.cpus is not None:
+            d = self.dirs["cpu"]
+            _write(os.path.join(d, "cpu.cfs_period_us"), str(CPU_PERIOD_US))
+            _write(os.path.join(d, "cpu.cfs_quota_us"), str(int(limits.cpus * CPU_PERIOD_US)))
+
+    # -- attach -----------------------------------------------------------
+    def open_attach_fds(self) -> list[int]:
+        """Open every cgroup.procs for writing; the child writes b"0" to each."""
+        fds: list[int] = []
+        try:
+            for d in self._unique_dirs():
+                fds.append(os.open(os.path.join(d, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC))
+        except OSError as exc:
+            for fd in fds:
+                os.close(fd)
+            raise CgroupError(exc.errno, f"cannot open cgroup.procs: {exc.strerror}") from exc
+        return fds
+
+    def attach_pid(self, pid: int) -> None:
+        for d in self._unique_dirs():
+            _write(os.path.join(d, "cgroup.procs"), str(pid))
+
+    # -- inspection -------------------------------------------------------
+    def _procs_dir(self) -> str:
+        return self.dirs.get("unified") or self.dirs.get("pids") or next(iter(self.dirs.values()))
+
+    def pids(self) -> set[int]:
+        found: set[int] = set()
+        for d in self._unique_dirs():
+            try:
+                found.update(int(x) for x in _read(os.path.join(d, "cgroup.procs")).split())
+            except FileNotFoundError:
+                continue
+        return found
+
+    def usage(self) -> CgroupUsage:
+        peak = 0
+        oom = 0
+        mem_hits = 0
+        cpu_s = 0.0
+        pids_hits = 0
+        with contextlib.suppress(OSError):
+            if self.layout.kind == "v2":
+                d = self.dirs["unified"]
+                with contextlib.suppress(OSError):
+                    peak = int(_read(os.path.join(d, "memory.peak")).strip())
+                ev = parse_flat_keyed(_read(os.path.join(d, "memory.events")))
+                oom = ev.get("oom_kill", 0)
+                mem_hits = ev.get("max", 0)
+            else:
+                d = self.dirs["memory"]
+                memsw = os.path.join(d, "memory.memsw.max_usage_in_bytes")
+                peak = int(_read(os.path.join(d, "memory.max_usage_in_bytes")).strip())
+                with contextlib.suppress(OSError):
+                    peak = max(peak, int(_read(memsw).strip()))
+                oom = parse_flat_keyed(_read(os.path.join(d, "memory.oom_control"))).get("oom_kill", 0)
+                mem_hits = int(_read(os.path.join(d, "memory.failcnt")).strip())
+        with contextlib.suppress(OSError):
+            pdir = self.dirs.get("pids") or self.dirs["unified"]
+            pids_hits = parse_flat_keyed(_read(os.path.join(pdir, "pids.events"))).get("max", 0)
+        with contextlib.suppress(OSError, KeyError):
+            if "unified" in self.dirs:
+                cpu_s = parse_flat_keyed(_read(os.path.join(self.dirs["unified"], "cpu.stat")))[
+                    "usage_usec"
+                ] / 1e6
+            else:
+                cpu_s = int(_read(os.path.join(self.dirs["cpuacct"], "cpuacct.usage"))) / 1e9
+        return CgroupUsage(peak, cpu_s, oom, pids_hits, mem_hits)
+
+    # -- teardown ---------------------------------------------------------
+    def kill(self) -> None:
+        """SIGKILL every process in the cgroup, including ones forking right now."""
+        kill_file = os.path.join(self.dirs.get("unified", "/nonexistent"), "cgroup.kill")
+        if os.path.exists(kill_file):
+            _write(kill_file, "1")
+            return
+        freezer = self.dirs.get("freezer")
+        if freezer is None:
+            self._kill_loop()
+            return
+        # Frozen tasks cannot fork, so one pass over the task list kills all;
+        # SIGKILL is delivered once the cgroup is thawed.
+        state = os.path.join(freezer, "freezer.state")
+        _write(state, "FROZEN")
+        deadline = time.monotonic() + 2.0
+        while _read(state).strip() != "FROZEN" and time.monotonic() < deadline:
+            time.sleep(0.001)
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _write(state, "THAWED")
+
+    def _kill_loop(self) -> None:
+        for _ in range(100):
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.001)
+
+    def wait_empty(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        delay = 0.0005
+        while True:
+            if not self.pids():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
+
+    def remove(self, timeout_s: float = 5.0) -> None:
+        """Kill what is left, wait until empty, remove every directory."""
+        existing = [d for d in self._unique_dirs() if os.path.isdir(d)]
+        if not existing:
+            return
+        if self.pids():
+            self.kill()
+            if not self.wait_empty(timeout_s):
+                raise CgroupError(errno.EBUSY, f"cgroup {self.relpath} still has processes after kill")
+        for d in existing:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    os.rmdir(d)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as exc:
+                    # v1 memory cgroups stay busy for a moment after the last
+                    # task exits while its zombie is reaped.
+                    if exc.errno != errno.EBUSY or time.monotonic() >= deadline:
+                        raise CgroupError(exc.errno, f"cannot remove cgroup {d}: {exc.strerror}") from exc
+                    time.sleep(0.002)
+
+
+def _children(layout: CgroupLayout, parent: str) -> Iterator[tuple[str, str]]:
+    roots = [m for _, m in layout.v1] + ([layout.unified] if layout.unified else [])
+    seen: set[str] = set()
+    for root in roots:
+        base = os.path.join(root, parent)
+        try:
+            names = os.listdir(base)
+        except OSError:
+            continue
+        for name in names:
+            if name not in seen and os.path.isdir(os.path.join(base, name)):
+                seen.add(name)
+                yield name, f"{parent}/{name}"
+
+
+def sweep_stale(layout: CgroupLayout, parent: str = "corral") -> list[str]:
+    """Kill and remove sandboxes whose owning corral process is gone.
+
+    Cgroup names carry the owner's pid (`exec-<pid>-<hex>`); a cgroup whose
+    owner no longer exists was left by a corral that was killed.
+    """
+    removed: list[str] = []
+    for name, rel in _children(layout, parent):
+        m = _OWNER_RE.match(name)
+        if m is None:
+            continue
+        owner = int(m.group(1))
+        if owner == os.getpid() or _alive(owner):
+            continue
+        with contextlib.suppress(CgroupError):
+            Cgroup(layout, rel).remove(timeout_s=2.0)
+            removed.append(rel)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

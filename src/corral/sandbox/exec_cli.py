@@ -1,0 +1,227 @@
+"""`corral exec`: one command in a sandbox (DESIGN.md section 5).
+
+Parsed with argparse rather than typer: this path runs once per sandboxed
+command and importing typer/rich would dominate its start-up time.
+
+Exit status: the command's own; 124 on timeout; 125 when corral refused or
+failed to start the sandbox (one line on stderr); 137 when the memory limit
+killed it; 2 for bad input; 127 when the command is not found inside.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import sys
+from collections.abc import Sequence
+from types import FrameType
+from typing import NoReturn
+
+from corral.errors import CorralError, LayerUnavailableError, SandboxStartError, UsageError
+from corral.sandbox.spec import DEFAULT_PATH, LAYERS, Bind, Limits, NetworkSpec, SandboxSpec
+from corral.sandbox.units import parse_cpus, parse_duration, parse_size
+
+__all__ = ["build_spec", "parse_args", "run_exec", "sandbox_env", "validate_path"]
+
+EXIT_USAGE = 2
+EXIT_REFUSED = 125
+
+#: System trees a writable mount may not be, contain, or sit inside.
+_SYSTEM_TREES = ("/usr", "/etc", "/proc", "/sys", "/dev", "/boot", "/bin", "/sbin", "/lib", "/lib64", "/run")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"corral exec: {message}\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def _parser() -> _Parser:
+    p = _Parser(
+        prog="corral exec",
+        description="Run one command in a sandbox.",
+        usage="corral exec [options] -- CMD [ARG...]",
+    )
+    p.add_argument("--workspace", default=None, help="writable project directory (default: cwd)")
+    p.add_argument("--env", dest="env_kind", default="exec", choices=["exec", "agent", "product", "verifier"])
+    p.add_argument("--memory", default=None, help="memory limit incl. swap, e.g. 512M")
+    p.add_argument("--cpus", default=None, help="CPU quota, e.g. 0.5")
+    p.add_argument("--pids", default=None, help="max processes+threads")
+    p.add_argument("--timeout", default=None, help="wall-clock limit, e.g. 600 or 10m")
+    p.add_argument("--allow", action="append", default=[], metavar="HOST[:PORT]", help="egress destination")
+    p.add_argument("--ro", action="append", default=[], metavar="PATH", help="extra read-only path")
+    p.add_argument("--rw", action="append", default=[], metavar="PATH", help="extra writable path")
+    p.add_argument("--backend", default="namespace", choices=["namespace", "microvm"])
+    p.add_argument("--journal", default=None, metavar="FILE", help="journal SQLite file")
+    p.add_argument("--json", action="store_true", help="print a JSON summary on stderr at the end")
+    p.add_argument("--allow-degraded", action="append", default=[], metavar="LAYER", choices=list(LAYERS),
+                   help="run even though this protection layer is unavailable")
+    p.add_argument("--dry-run", action="store_true", help="print the bubblewrap command line and exit")
+    return p
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    argv = list(argv)
+    if "--" in argv:
+        i = argv.index("--")
+        opts, cmd = argv[:i], argv[i + 1:]
+    else:
+        # Without `--`, the first word that is not an option (or an option's
+        # value) starts the command.
+        opts, cmd = argv, []
+    ns, rest = _parser().parse_known_args(opts)
+    if rest:
+        if "--" in argv or rest[0].startswith("-"):
+            _parser().error(f"unrecognized arguments: {' '.join(rest)}")
+        idx = len(opts) - len(rest)
+        if opts[idx:] != rest:
+            _parser().error(f"unrecognized arguments: {' '.join(rest)}")
+        cmd = rest
+    if not cmd:
+        _parser().error("no command given (usage: corral exec [options] -- CMD [ARG...])")
+    return ns, cmd
+
+
+def _within(path: str, tree: str) -> bool:
+    return path == tree or path.startswith(tree.rstrip("/") + "/")
+
+
+def validate_path(raw: str, what: str, *, writable: bool, home: str) -> str:
+    """Resolve a user path; refuse ones that would expose the host."""
+    path = os.path.realpath(raw)
+    if not os.path.exists(path):
+        raise UsageError(f"{what} {raw} does not exist")
+    if path == "/":
+        raise UsageError(f"{what} cannot be /")
+    if _within(home, path):
+        raise UsageError(f"{what} {path} contains your home directory {home}; choose a project directory")
+    for tree in _SYSTEM_TREES:
+        if _within(tree, path) or (writable and _within(path, tree)):
+            raise UsageError(f"{what} {path} overlaps the system directory {tree}")
+    return path
+
+
+def sandbox_env(home: str, caller: dict[str, str], extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The command's whole environment: an allowlist, never the caller's secrets."""
+    env = {
+        "PATH": DEFAULT_PATH,
+        "HOME": home,
+        "TMPDIR": "/tmp",
+        "USER": "corral",
+        "LOGNAME": "corral",
+        "SHELL": "/bin/sh",
+        "LANG": caller.get("LANG", "C.UTF-8") or "C.UTF-8",
+    }
+    if caller.get("TERM"):
+        env["TERM"] = caller["TERM"]
+    if extra:
+        env.update(extra)
+    return env
+
+
+def build_spec(ns: argparse.Namespace, cmd: list[str], caller_env: dict[str, str]) -> SandboxSpec:
+    home = os.path.realpath(os.path.expanduser("~"))
+    ws_raw = ns.workspace if ns.workspace is not None else os.getcwd()
+    if not os.path.exists(ws_raw):
+        raise UsageError(f"workspace {ws_raw} does not exist")
+    if not os.path.isdir(ws_raw):
+        raise UsageError(f"workspace {ws_raw} is not a directory")
+    workspace = validate_path(ws_raw, "workspace", writable=True, home=home)
+    binds: list[Bind] = []
+    for p in ns.ro:
+        binds.append(Bind(validate_path(p, "--ro path", writable=False, home=home), writable=False))
+    for p in ns.rw:
+        binds.append(Bind(validate_path(p, "--rw path", writable=True, home=home), writable=True))
+    limits = Limits(
+        memory_bytes=parse_size(ns.memory) if ns.memory is not None else None,
+        pids=_parse_pids(ns.pids) if ns.pids is not None else None,
+        cpus=parse_cpus(ns.cpus) if ns.cpus is not None else None,
+        timeout_s=parse_duration(ns.timeout) if ns.timeout is not None else None,
+    )
+    spec_home = "/home/corral"
+    return SandboxSpec(
+        argv=tuple(cmd),
+        workspace=workspace,
+        env=tuple(sorted(sandbox_env(spec_home, caller_env).items())),
+        binds=tuple(binds),
+        limits=limits,
+        network=NetworkSpec(allow=tuple(ns.allow)),
+        env_kind=ns.env_kind,
+        home=spec_home,
+        allow_degraded=frozenset(ns.allow_degraded),
+    )
+
+
+def _parse_pids(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise UsageError(f"invalid pids limit {text!r} (a whole number)") from None
+    if n < 1:
+        raise UsageError(f"pids limit must be at least 1: {text!r}")
+    return n
+
+
+class _Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _on_signal(signum: int, _frame: FrameType | None) -> None:
+    raise _Interrupted(signum)
+
+
+def run_exec(argv: Sequence[str]) -> int:
+    """Entry point of `corral exec`; returns the exit status."""
+    ns, cmd = parse_args(argv)
+    try:
+        spec = build_spec(ns, cmd, dict(os.environ))
+    except UsageError as exc:
+        sys.stderr.write(f"corral exec: {exc}\n")
+        return EXIT_USAGE
+    if ns.backend != "namespace":
+        sys.stderr.write(f"corral exec: backend {ns.backend!r} is not available in this build\n")
+        return EXIT_REFUSED
+
+    from corral.sandbox.exec_run import execute
+
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, _on_signal)
+    try:
+        result = execute(spec, journal=ns.journal, dry_run=ns.dry_run, interrupted_exc=_Interrupted)
+    except LayerUnavailableError as exc:
+        sys.stderr.write(f"corral exec: refused: {exc}\n")
+        _json_refused(ns.json, str(exc), exc.layer)
+        return EXIT_REFUSED
+    except SandboxStartError as exc:
+        sys.stderr.write(f"corral exec: cannot start the sandbox: {exc.strerror or exc}\n")
+        _json_refused(ns.json, str(exc.strerror or exc), None)
+        return EXIT_REFUSED
+    except CorralError as exc:
+        sys.stderr.write(f"corral exec: {exc}\n")
+        _json_refused(ns.json, str(exc), None)
+        return EXIT_REFUSED
+    if result is None:  # dry run
+        return 0
+    summary, code = result
+    if ns.json:
+        sys.stderr.write(json.dumps(summary) + "\n")
+    return code
+
+
+def _json_refused(enabled: bool, message: str, layer: str | None) -> None:
+    if enabled:
+        sys.stderr.write(json.dumps({
+            "exit": EXIT_REFUSED, "reason": "refused", "wall_s": 0.0, "cpu_s": 0.0,
+            "peak_memory_bytes": 0, "processes_killed_at_end": 0,
+            "observations": {"allowed": 0, "denied": 0}, "layers": {},
+            "message": message, "layer": layer,
+        }) + "\n")
+
+
+def quote_argv(argv: Sequence[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)

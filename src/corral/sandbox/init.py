@@ -1,0 +1,136 @@
+"""The sandbox's init: runs inside the sandbox, before the user's command.
+
+Started by bubblewrap as `/usr/bin/python3 -I -S /run/corral/init.py CONFIG
+-- ARGV...`; standard library only (no site-packages exist in there) and few
+imports, because it is on every sandbox's start-up path. It
+
+1. applies Landlock (rules from CONFIG), failing closed: if Landlock was
+   required and cannot be applied, the command never runs (exit 125);
+2. resolves the command on the sandbox's PATH (127 when not found, like sh);
+3. forks and execs the command, forwarding SIGTERM/SIGINT/SIGHUP to it;
+4. when the command exits, counts the processes still alive in the sandbox's
+   PID namespace and reports `{"event": "exit", ...}` as one JSON line on
+   the status fd, then exits with the command's status. Its own exit ends the
+   namespace: the kernel SIGKILLs everything left, and the host kills the
+   cgroup to be sure.
+"""
+
+import json
+import os
+import signal
+import sys
+
+STATUS_FD_DEFAULT = -1
+EXIT_REFUSED = 125
+EXIT_NOT_FOUND = 127
+EXIT_NOT_EXECUTABLE = 126
+
+
+def _report(fd: int, event: dict[str, object]) -> None:
+    if fd < 0:
+        return
+    data = (json.dumps(event) + "\n").encode()
+    try:
+        os.write(fd, data)
+    except OSError:
+        pass
+
+
+def _which(cmd: str, path: str) -> str | None:
+    if "/" in cmd:
+        return cmd if os.path.exists(cmd) else None
+    for d in path.split(":"):
+        cand = os.path.join(d or ".", cmd)
+        if os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def _count_others() -> int:
+    me = os.getpid()
+    n = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            pid = int(name)
+            if pid not in (1, me):
+                n += 1
+    return n
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[1] != "--":
+        sys.stderr.write("corral-init: usage: init.py CONFIG -- ARGV...\n")
+        return EXIT_REFUSED
+    cfg = json.loads(argv[0])
+    cmd = argv[2:]
+    status_fd = int(cfg.get("status_fd", STATUS_FD_DEFAULT))
+    if status_fd >= 0:
+        # The user's command must not inherit the channel to the host.
+        os.set_inheritable(status_fd, False)
+
+    rules = cfg.get("landlock")
+    if rules is not None:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        try:
+            import landlock
+
+            abi = landlock.apply(landlock.LandlockRules.from_json(json.dumps(rules)))
+        except Exception as exc:  # fail closed on any error
+            msg = f"Landlock could not be applied: {exc}"
+            _report(status_fd, {"event": "error", "layer": "landlock", "code": EXIT_REFUSED, "message": msg})
+            sys.stderr.write(f"corral: {msg}\n")
+            return EXIT_REFUSED
+        _report(status_fd, {"event": "landlock", "abi": abi})
+
+    path = _which(cmd[0], os.environ.get("PATH", "/usr/bin:/bin"))
+    if path is None:
+        msg = f"{cmd[0]}: command not found in the sandbox"
+        _report(status_fd, {"event": "error", "code": EXIT_NOT_FOUND, "message": msg})
+        sys.stderr.write(f"corral: {msg}\n")
+        return EXIT_NOT_FOUND
+
+    # Block the forwarded signals before fork so none is lost in between.
+    fwd = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    signal.pthread_sigmask(signal.SIG_BLOCK, fwd)
+    pid = os.fork()
+    if pid == 0:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, fwd)
+        try:
+            os.execv(path, cmd)
+        except OSError as exc:
+            sys.stderr.write(f"corral: {cmd[0]}: {exc.strerror}\n")
+            os._exit(EXIT_NOT_EXECUTABLE if exc.errno in (13, 8) else EXIT_NOT_FOUND)
+    _report(status_fd, {"event": "started", "pid": pid})
+
+    def forward(signum: int, _frame: object) -> None:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for s in fwd:
+        signal.signal(s, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, fwd)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except ChildProcessError:
+            status = 0
+            break
+        except InterruptedError:
+            continue
+    others = _count_others()
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        code = 128 + sig
+        _report(status_fd, {"event": "exit", "code": code, "signal": sig, "alive": others})
+    else:
+        code = os.WEXITSTATUS(status)
+        _report(status_fd, {"event": "exit", "code": code, "signal": 0, "alive": others})
+    return code
+
+
+if __name__ == "__main__":
+    sys.stdout.flush()
+    os._exit(main(sys.argv[1:]))

@@ -1,0 +1,139 @@
+"""Idmapped staging of user binds (root only; Linux >= 5.12 mount API).
+
+The sandbox runs as an unprivileged host uid, yet the workspace may be
+private to the caller (mode 0700, even root's) and what the command creates
+there must belong to the caller afterwards. An idmapped mount gives both: the
+launcher's child enters a private mount namespace, clones each bind source
+with open_tree(), maps the caller's uid/gid to the sandbox uid/gid with
+mount_setattr(MOUNT_ATTR_IDMAP), and attaches the clone under a private tmpfs
+staging directory that bubblewrap then binds from. The staging mounts exist
+only in that private namespace and vanish with the sandbox.
+
+Everything here runs in a forked child before exec (`stage_binds`) or is a
+small parent-side helper (`make_userns_fd`); syscalls are raw ctypes calls
+whose return value is checked before errno is read.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import time
+
+from corral.errors import SandboxStartError
+
+__all__ = ["STAGE_DIR", "make_private_mount_ns", "make_userns_fd", "stage_bind", "staged_path"]
+
+STAGE_DIR = "/run/corral-stage"
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_SYS_OPEN_TREE = 428
+_SYS_MOVE_MOUNT = 429
+_SYS_MOUNT_SETATTR = 442
+_AT_FDCWD = -100
+_AT_EMPTY_PATH = 0x1000
+_AT_RECURSIVE = 0x8000
+_OPEN_TREE_CLONE = 1
+_O_CLOEXEC = 0o2000000
+_MOVE_MOUNT_F_EMPTY_PATH = 0x4
+_MOUNT_ATTR_RDONLY = 0x1
+_MOUNT_ATTR_NOSUID = 0x2
+_MOUNT_ATTR_NODEV = 0x4
+_MOUNT_ATTR_IDMAP = 0x00100000
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWUSER = 0x10000000
+_MS_REC = 0x4000
+_MS_PRIVATE = 0x40000
+
+
+def _check(ret: int, what: str) -> int:
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise SandboxStartError(err, f"{what}: {os.strerror(err)}")
+    return ret
+
+
+def staged_path(index: int) -> str:
+    return f"{STAGE_DIR}/{index}"
+
+
+def make_userns_fd(caller_uid: int, caller_gid: int, sandbox_uid: int, sandbox_gid: int) -> int:
+    """A user namespace fd whose maps send the caller's ids to the sandbox's.
+
+    For an idmapped mount, an on-disk id is read as an id *inside* this
+    namespace and shown as the matching *outside* id, so on-disk caller_uid
+    appears as sandbox_uid, and files the sandbox creates land as caller_uid.
+    """
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            os.close(w)
+            if _libc.unshare(_CLONE_NEWUSER) != 0:
+                os._exit(1)
+            os.read(r, 1)
+        finally:
+            os._exit(0)
+    os.close(r)
+    try:
+        mine = os.readlink("/proc/self/ns/user")
+        deadline = time.monotonic() + 5.0
+        while os.readlink(f"/proc/{pid}/ns/user") == mine:
+            if time.monotonic() > deadline:
+                raise SandboxStartError(0, "helper process did not enter its user namespace")
+            time.sleep(0.0002)
+        with open(f"/proc/{pid}/uid_map", "w", encoding="ascii") as fh:
+            fh.write(f"{caller_uid} {sandbox_uid} 1\n")
+        with open(f"/proc/{pid}/setgroups", "w", encoding="ascii") as fh:
+            fh.write("deny")
+        with open(f"/proc/{pid}/gid_map", "w", encoding="ascii") as fh:
+            fh.write(f"{caller_gid} {sandbox_gid} 1\n")
+        return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SandboxStartError(exc.errno, f"cannot create idmap user namespace: {exc.strerror}") from exc
+    finally:
+        os.close(w)
+        os.waitpid(pid, 0)
+
+
+def make_private_mount_ns() -> None:
+    """Enter a new mount namespace in which nothing propagates back to the host."""
+    _check(_libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    _check(_libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "mount --make-rprivate /")
+    os.makedirs(STAGE_DIR, mode=0o755, exist_ok=True)
+    _check(
+        _libc.mount(b"corral-stage", STAGE_DIR.encode(), b"tmpfs", 0, b"mode=0755,size=64k"),
+        f"mount tmpfs on {STAGE_DIR}",
+    )
+
+
+def stage_bind(index: int, source: str, writable: bool, userns_fd: int) -> str:
+    """Clone `source`, idmap it, and attach it at staged_path(index)."""
+    tree = _check(
+        _libc.syscall(
+            _SYS_OPEN_TREE, _AT_FDCWD, source.encode(), _OPEN_TREE_CLONE | _O_CLOEXEC | _AT_RECURSIVE
+        ),
+        f"open_tree({source})",
+    )
+    try:
+        attr_set = _MOUNT_ATTR_IDMAP | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV
+        if not writable:
+            attr_set |= _MOUNT_ATTR_RDONLY
+        attr = ctypes.create_string_buffer(struct.pack("QQQQ", attr_set, 0, 0, userns_fd))
+        _check(
+            _libc.syscall(_SYS_MOUNT_SETATTR, tree, b"", _AT_EMPTY_PATH | _AT_RECURSIVE, attr, 32),
+            f"idmapped mount of {source} (does its filesystem support idmapped mounts?)",
+        )
+        target = staged_path(index)
+        if os.path.isdir(source):
+            os.mkdir(target, 0o755)
+        else:
+            os.close(os.open(target, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
+        _check(
+            _libc.syscall(_SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, target.encode(), _MOVE_MOUNT_F_EMPTY_PATH),
+            f"move_mount({source})",
+        )
+        return target
+    finally:
+        os.close(tree)

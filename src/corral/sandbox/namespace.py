@@ -1,0 +1,628 @@
+"""The `namespace` backend: bubblewrap + cgroups + seccomp + Landlock.
+
+Start-up, in order (each step fails closed):
+
+1. check the layers the profile needs (bwrap, user namespaces, a writable
+   cgroup hierarchy, seccomp, Landlock, idmapped mounts when root); a missing
+   one raises LayerUnavailableError unless the spec names it in
+   `allow_degraded`;
+2. create the sandbox's cgroup with its limits;
+3. fork; in the child (before exec): join the cgroup, and when corral is root
+   enter a private mount namespace, stage idmapped clones of the workspace and
+   the --ro/--rw paths, drop to the unprivileged sandbox uid (as root, bwrap
+   would keep its capabilities), set PDEATHSIG; then exec bwrap with the
+   seccomp filter as `--seccomp FD`;
+4. bwrap builds the namespaces and mounts and runs the init (init.py), which
+   applies Landlock and runs the command.
+
+Teardown after the main process exits, on timeout, or on a signal to corral:
+kill the cgroup, wait until it is empty, read the kernel's counters, remove
+the cgroup. If corral itself is SIGKILLed, bwrap's --die-with-parent kills the
+namespace's pid 1, and the kernel then kills every process in the PID
+namespace; the empty cgroup is swept by the next corral start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import secrets
+import select
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corral.errors import CgroupError, LayerUnavailableError, SandboxStartError
+from corral.sandbox import bwrap as bw
+from corral.sandbox import mounts
+from corral.sandbox.cgroup import Cgroup, CgroupLayout, CgroupUsage, detect_layout, sweep_stale
+from corral.sandbox.spec import SandboxSpec
+
+__all__ = [
+    "INSIDE_UID",
+    "SANDBOX_HOST_GID",
+    "SANDBOX_HOST_UID",
+    "ExecResult",
+    "NamespaceSandbox",
+    "RunningSandbox",
+    "landlock_rules_for",
+]
+
+#: Host uid/gid every sandboxed process runs as when corral runs as root.
+SANDBOX_HOST_UID = 64000
+SANDBOX_HOST_GID = 64000
+#: The uid/gid the command sees inside its user namespace.
+INSIDE_UID = 1000
+INIT_PYTHON = "/usr/bin/python3"
+_SUPPORT_PROCESSES = 3
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_libc = ctypes.CDLL(None, use_errno=True)
+_SRC_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    """How a sandboxed command ended and what it used (DESIGN.md section 5)."""
+
+    exit: int
+    reason: str
+    wall_s: float
+    cpu_s: float
+    peak_memory_bytes: int
+    processes_killed_at_end: int
+    layers: dict[str, object]
+    oom_kills: int = 0
+    pids_limit_hits: int = 0
+    message: str = ""
+    events: tuple[dict[str, object], ...] = ()
+
+    def summary(self, observations: dict[str, int] | None = None) -> dict[str, object]:
+        return {
+            "exit": self.exit,
+            "reason": self.reason,
+            "wall_s": round(self.wall_s, 4),
+            "cpu_s": round(self.cpu_s, 4),
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "processes_killed_at_end": self.processes_killed_at_end,
+            "observations": observations or {"allowed": 0, "denied": 0},
+            "layers": self.layers,
+            "oom_kills": self.oom_kills,
+            "pids_limit_hits": self.pids_limit_hits,
+        }
+
+
+def cache_dir() -> str:
+    if os.geteuid() == 0:
+        return "/var/cache/corral"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "corral")
+
+
+def landlock_rules_for(spec: SandboxSpec) -> dict[str, object]:
+    """The Landlock rule set the init applies, as its JSON-ready dict."""
+    ro = ["/usr", "/etc", bw.INIT_DIR]
+    rw = [spec.workspace, "/tmp", "/var/tmp", spec.home, "/dev", "/proc"]
+    for b in spec.binds:
+        (rw if b.writable else ro).append(b.path)
+    return {
+        "read_only": ro,
+        "read_write": rw,
+        "scope_abstract_unix": True,
+        "scope_signal": True,
+        "log_new_exec": False,
+    }
+
+
+def _sysctl(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
+def _passwd(home: str) -> bytes:
+    return (
+        f"root:x:0:0:root:/nonexistent:/usr/sbin/nologin\n"
+        f"corral:x:{INSIDE_UID}:{INSIDE_UID}:corral sandbox:{home}:/bin/sh\n"
+        f"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    ).encode()
+
+
+def _group() -> bytes:
+    return f"root:x:0:\ncorral:x:{INSIDE_UID}:\nnogroup:x:65534:\n".encode()
+
+
+def _hosts(hostname: str) -> bytes:
+    return f"127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost ip6-localhost ip6-loopback\n".encode()
+
+
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name, 0)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+@dataclass
+class _Layers:
+    active: dict[str, object] = field(default_factory=dict)
+
+    def need(self, spec: SandboxSpec, name: str, reason: str | None, hint: str) -> bool:
+        """Record a layer; raise if it is missing and not explicitly degraded."""
+        if reason is None:
+            return True
+        if name not in spec.allow_degraded:
+            raise LayerUnavailableError(name, reason, hint)
+        self.active[name] = f"degraded: {reason}"
+        return False
+
+
+class NamespaceSandbox:
+    """Starts one SandboxSpec under bubblewrap. Use `start()` once."""
+
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        *,
+        cgroup_parent: str = "corral",
+        cgroup_layout: CgroupLayout | None = None,
+        network_hook: Callable[[int], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.cgroup_parent = cgroup_parent
+        self._layout = cgroup_layout
+        self._network_hook = network_hook
+        self.is_root = os.geteuid() == 0
+
+    # -- layer checks (cheap: file reads and one syscall, no subprocess) --
+    def _check_layers(self) -> tuple[_Layers, CgroupLayout | None, bytes | None, bool, str]:
+        spec = self.spec
+        layers = _Layers()
+        bwrap_path = shutil.which("bwrap") or ""
+        layers.need(spec, "bwrap", None if bwrap_path else "bwrap not found on PATH", "apt-get install bubblewrap")
+        if not bwrap_path:
+            raise LayerUnavailableError("bwrap", "bwrap not found on PATH", "apt-get install bubblewrap")
+        layers.active["bwrap"] = True
+
+        userns_reason = None
+        if _sysctl("/proc/sys/user/max_user_namespaces") == "0":
+            userns_reason = "user.max_user_namespaces is 0"
+        elif _sysctl("/proc/sys/kernel/unprivileged_userns_clone") == "0":
+            userns_reason = "kernel.unprivileged_userns_clone is 0"
+        elif _sysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1":
+            userns_reason = "AppArmor restricts unprivileged user namespaces"
+        if userns_reason is not None:
+            # Without user namespaces bwrap cannot build the sandbox at all.
+            raise LayerUnavailableError("userns", userns_reason, "run `corral doctor` for the fix")
+        layers.active["userns"] = True
+        layers.active["pidns"] = True
+        layers.active["netns"] = True
+
+        layout = self._layout if self._layout is not None else detect_layout()
+        cg_reason: str | None = None
+        if layout is None:
+            cg_reason = "no cgroup filesystem mounted"
+        else:
+            roots = [m for _, m in layout.v1] or ([layout.unified] if layout.unified else [])
+            bad = [r for r in roots if not os.access(r, os.W_OK)]
+            if bad:
+                cg_reason = f"cgroup hierarchy {bad[0]} is not writable"
+        if layers.need(spec, "cgroup", cg_reason, "run as root or delegate a cgroup subtree"):
+            assert layout is not None
+            layers.active["cgroup"] = layout.kind
+        else:
+            layout = None
+
+        bpf: bytes | None = None
+        try:
+            from corral.sandbox import seccomp
+
+            bpf = seccomp.cached_bpf(seccomp.DEFAULT_PROFILE, cache_dir())
+            seccomp_reason = None
+        except Exception as exc:  # fail closed: any failure means no filter
+            seccomp_reason = f"cannot build the seccomp filter: {exc}"
+        if layers.need(spec, "seccomp", seccomp_reason, "apt-get install libseccomp2"):
+            layers.active["seccomp"] = True
+        else:
+            bpf = None
+
+        from corral.sandbox.probe import landlock_abi
+
+        abi = landlock_abi()
+        ll_reason = None if abi > 0 else "Landlock is not enabled in this kernel"
+        if not os.access(INIT_PYTHON, os.X_OK):
+            ll_reason = f"{INIT_PYTHON} (runs the in-sandbox init) is missing"
+        use_landlock = layers.need(spec, "landlock", ll_reason, "boot with lsm=...,landlock")
+        if use_landlock:
+            layers.active["landlock"] = abi
+
+        use_idmap = self.is_root
+        if use_idmap:
+            layers.active["idmap"] = True
+        return layers, layout, bpf, use_landlock, bwrap_path
+
+    def _validate(self) -> None:
+        spec = self.spec
+        if not os.path.isdir(spec.workspace):
+            raise SandboxStartError(2, f"workspace {spec.workspace} is not a directory")
+        if not os.access(INIT_PYTHON, os.X_OK):
+            raise SandboxStartError(2, f"{INIT_PYTHON} is required inside the sandbox for its init")
+
+    def start(self) -> RunningSandbox:
+        """Start the sandbox; raises LayerUnavailableError or SandboxStartError."""
+        self._validate()
+        layers, layout, bpf, use_landlock, bwrap_path = self._check_layers()
+        spec = self.spec
+        started = time.monotonic()
+        cgroup: Cgroup | None = None
+        fds_to_close: list[int] = []
+        try:
+            if layout is not None:
+                with contextlib.suppress(CgroupError, OSError):
+                    sweep_stale(layout, self.cgroup_parent)
+                name = f"{spec.env_kind}-{os.getpid()}-{secrets.token_hex(4)}"
+                cgroup = Cgroup.create(layout, f"{self.cgroup_parent}/{name}", spec.limits)
+            attach_fds = cgroup.open_attach_fds() if cgroup else []
+            fds_to_close += attach_fds
+
+            status_r, status_w = os.pipe()
+            os.set_inheritable(status_w, True)
+            fds_to_close.append(status_w)
+            err_r, err_w = os.pipe()
+            fds_to_close.append(err_w)
+            pass_fds = [status_w]
+
+            data_files: list[tuple[str, int]] = []
+            for dest, content in (
+                ("/etc/passwd", _passwd(spec.home)),
+                ("/etc/group", _group()),
+                ("/etc/hosts", _hosts(spec.hostname)),
+                (f"{bw.INIT_DIR}/init.py", (_SRC_DIR / "init.py").read_bytes()),
+                *([(f"{bw.INIT_DIR}/landlock.py", (_SRC_DIR / "landlock.py").read_bytes())] if use_landlock else []),
+            ):
+                fd = _memfd(os.path.basename(dest), content)
+                fds_to_close.append(fd)
+                pass_fds.append(fd)
+                data_files.append((dest, fd))
+
+            seccomp_fd = None
+            if bpf is not None:
+                seccomp_fd = _memfd("corral-seccomp", bpf)
+                fds_to_close.append(seccomp_fd)
+                pass_fds.append(seccomp_fd)
+
+            info_fd = block_w = block_r = info_r = None
+            if self._network_hook is not None:
+                info_r, info_fd = os.pipe()
+                block_r, block_w = os.pipe()
+                fds_to_close += [info_fd, block_r]
+                pass_fds += [info_fd, block_r]
+
+            staged: list[bw.StagedBind] = []
+            binds = [(spec.workspace, True), *((b.path, b.writable) for b in spec.binds)]
+            userns_fd = -1
+            if self.is_root:
+                userns_fd = mounts.make_userns_fd(os.getuid(), os.getgid(), SANDBOX_HOST_UID, SANDBOX_HOST_GID)
+                fds_to_close.append(userns_fd)
+                for i, (path, writable) in enumerate(binds):
+                    staged.append(bw.StagedBind(mounts.staged_path(i), path, writable))
+            else:
+                staged = [bw.StagedBind(p, p, w) for p, w in binds]
+
+            init_cfg = {
+                "status_fd": status_w,
+                "landlock": landlock_rules_for(spec) if use_landlock else None,
+            }
+            plan = bw.BwrapPlan(
+                bwrap=bwrap_path,
+                spec=spec,
+                system_links=_system_links(),
+                etc_entries=_etc_entries(),
+                binds=tuple(staged),
+                data_files=tuple(data_files),
+                init_argv=(INIT_PYTHON, "-I", "-S", f"{bw.INIT_DIR}/init.py", json.dumps(init_cfg),
+                           "--", *spec.argv),
+                sandbox_uid=INSIDE_UID,
+                sandbox_gid=INSIDE_UID,
+                seccomp_fd=seccomp_fd,
+                info_fd=info_fd,
+                block_fd=block_r,
+            )
+            argv = bw.build_argv(plan)
+            parent = os.getpid()
+            is_root = self.is_root
+
+            def child_setup() -> None:
+                try:
+                    for fd in attach_fds:
+                        os.write(fd, b"0")
+                    if is_root:
+                        mounts.make_private_mount_ns()
+                        for i, (path, writable) in enumerate(binds):
+                            mounts.stage_bind(i, path, writable, userns_fd)
+                        os.setgroups([])
+                        os.setresgid(SANDBOX_HOST_GID, SANDBOX_HOST_GID, SANDBOX_HOST_GID)
+                        os.setresuid(SANDBOX_HOST_UID, SANDBOX_HOST_UID, SANDBOX_HOST_UID)
+                    # Set after the uid change, which clears it.
+                    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+                    if os.getppid() != parent:
+                        os._exit(125)
+                except BaseException as exc:
+                    with contextlib.suppress(OSError):
+                        os.write(err_w, str(exc).encode()[:4000])
+                    raise
+
+            env = dict(spec.env)
+            # Orphans of the launcher's children come back to corral, not host init.
+            _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+            try:
+                proc = subprocess.Popen(
+                    argv, env=env, pass_fds=pass_fds, preexec_fn=child_setup, close_fds=True,
+                    cwd="/",
+                )
+            except (OSError, subprocess.SubprocessError) as exc:
+                os.close(err_w)
+                fds_to_close.remove(err_w)
+                detail = os.read(err_r, 4096).decode(errors="replace").strip()
+                os.close(err_r)
+                raise SandboxStartError(0, f"cannot start bwrap: {detail or exc}") from exc
+            os.close(err_r)
+            for fd in fds_to_close:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            fds_to_close = []
+            running = RunningSandbox(proc, cgroup, status_r, layers.active, started, spec)
+            if self._network_hook is not None:
+                assert info_r is not None and block_w is not None
+                try:
+                    child_pid = _read_child_pid(info_r)
+                    self._network_hook(child_pid)
+                    os.write(block_w, b"1")
+                except BaseException:
+                    running.kill_all()
+                    running.close()
+                    raise
+                finally:
+                    os.close(info_r)
+                    os.close(block_w)
+            return running
+        except BaseException:
+            for fd in fds_to_close:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            if cgroup is not None:
+                with contextlib.suppress(CgroupError):
+                    cgroup.remove()
+            raise
+
+
+def _read_child_pid(fd: int, timeout_s: float = 10.0) -> int:
+    buf = b""
+    deadline = time.monotonic() + timeout_s
+    while b"}" not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise SandboxStartError(0, "bwrap did not report its child pid")
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            buf += chunk
+    try:
+        return int(json.loads(buf.decode())["child-pid"])
+    except (ValueError, KeyError) as exc:
+        raise SandboxStartError(0, f"bwrap failed before the sandbox started ({buf!r})") from exc
+
+
+def _system_links() -> tuple[tuple[str, str | None], ...]:
+    out: list[tuple[str, str | None]] = []
+    for name in bw.SYSTEM_SYMLINK_CANDIDATES:
+        path = f"/{name}"
+        if os.path.islink(path):
+            out.append((name, os.readlink(path)))
+        elif os.path.isdir(path):
+            out.append((name, None))
+    return tuple(out)
+
+
+def _etc_entries() -> tuple[str, ...]:
+    return tuple(e for e in bw.ETC_ALLOWLIST if os.path.lexists(f"/etc/{e}"))
+
+
+class RunningSandbox:
+    """A started sandbox: wait for it, kill it, read its usage. Call close() last."""
+
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        cgroup: Cgroup | None,
+        status_fd: int,
+        layers: dict[str, object],
+        started: float,
+        spec: SandboxSpec,
+    ) -> None:
+        self.proc = proc
+        self.cgroup = cgroup
+        self._status_fd = status_fd
+        self.layers = layers
+        self.started = started
+        self.spec = spec
+        self._status_buf = b""
+        self.events: list[dict[str, object]] = []
+        self._closed = False
+        self._alive_at_kill = 0
+        os.set_blocking(status_fd, False)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _drain_status(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self._status_fd, 65536)
+            except BlockingIOError:
+                break
+            except OSError:
+                break
+            if not chunk:
+                break
+            self._status_buf += chunk
+        *lines, self._status_buf = self._status_buf.split(b"\n")
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                ev = json.loads(line)
+                if isinstance(ev, dict):
+                    self.events.append(ev)
+
+    def usage(self) -> CgroupUsage | None:
+        return self.cgroup.usage() if self.cgroup else None
+
+    def kill_all(self) -> None:
+        """SIGKILL everything in the sandbox (cgroup kill, then bwrap itself)."""
+        if self.cgroup is not None:
+            with contextlib.suppress(CgroupError):
+                self.cgroup.kill()
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+
+    def freeze(self) -> None:
+        if self.cgroup is None or "freezer" not in self.cgroup.dirs:
+            raise CgroupError(0, "freezer unavailable")
+        Path(self.cgroup.dirs["freezer"], "freezer.state").write_text("FROZEN")
+
+    def thaw(self) -> None:
+        if self.cgroup is None or "freezer" not in self.cgroup.dirs:
+            raise CgroupError(0, "freezer unavailable")
+        Path(self.cgroup.dirs["freezer"], "freezer.state").write_text("THAWED")
+
+    def wait(self, timeout_s: float | None = None) -> ExecResult:
+        """Wait for the main process (or the timeout), then tear everything down."""
+        timed_out = False
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            self._count_before_kill()
+            self.kill_all()
+            self.proc.wait()
+        return self._finish(timed_out=timed_out)
+
+    def _finish(self, *, timed_out: bool, interrupted: int = 0) -> ExecResult:
+        self._drain_status()
+        if self.cgroup is not None:
+            with contextlib.suppress(CgroupError):
+                self.cgroup.kill()
+            self.cgroup.wait_empty(10.0)
+        usage = self.usage()
+        self._drain_status()
+        wall = time.monotonic() - self.started
+        exit_ev = next((e for e in self.events if e.get("event") == "exit"), None)
+        err_ev = next((e for e in self.events if e.get("event") == "error"), None)
+        started = any(e.get("event") == "started" for e in self.events)
+        oom = usage.oom_kills if usage else 0
+        alive = int(exit_ev.get("alive", 0)) if exit_ev else 0  # type: ignore[call-overload]
+        alive = max(alive, self._alive_at_kill)
+        message = ""
+        if timed_out:
+            code, reason = 124, "timeout"
+        elif interrupted:
+            code, reason = 128 + interrupted, "killed"
+        elif exit_ev is not None:
+            code = int(exit_ev["code"])  # type: ignore[call-overload]
+            sig = int(exit_ev.get("signal", 0))  # type: ignore[call-overload]
+            if sig == signal.SIGKILL and oom > 0:
+                code, reason = 137, "oom"
+            elif sig:
+                reason = "killed"
+            else:
+                reason = "exited"
+        elif err_ev is not None:
+            code = int(err_ev.get("code", 125))  # type: ignore[call-overload]
+            reason = "refused" if code == 125 else "exited"
+            message = str(err_ev.get("message", ""))
+        elif oom > 0:
+            code, reason = 137, "oom"
+        elif started:
+            rc = self.proc.returncode
+            code, reason = (rc if rc and rc > 0 else 128 + signal.SIGKILL), "killed"
+        else:
+            code, reason = 125, "refused"
+            message = f"the sandbox failed to start (bwrap exit status {self.proc.returncode})"
+        return ExecResult(
+            exit=code,
+            reason=reason,
+            wall_s=wall,
+            cpu_s=usage.cpu_s if usage else 0.0,
+            peak_memory_bytes=usage.peak_memory_bytes if usage else 0,
+            processes_killed_at_end=alive,
+            layers=self.layers,
+            oom_kills=oom,
+            pids_limit_hits=usage.pids_limit_hits if usage else 0,
+            message=message,
+            events=tuple(self.events),
+        )
+
+    def _count_before_kill(self) -> None:
+        # The cgroup also holds bwrap's monitor, the namespace's pid 1 and
+        # the init; what is left are the command's processes.
+        if self.cgroup is not None:
+            self._alive_at_kill = max(0, len(self.cgroup.pids()) - _SUPPORT_PROCESSES)
+
+    def interrupt(self, signum: int) -> ExecResult:
+        """Corral got a signal: kill everything and report it."""
+        self._count_before_kill()
+        self.kill_all()
+        self.proc.wait()
+        return self._finish(timed_out=False, interrupted=signum)
+
+    def close(self) -> None:
+        """Kill anything left, remove the cgroup, release descriptors."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.proc.poll() is None:
+                self.kill_all()
+                self.proc.wait()
+            if self.cgroup is not None:
+                self.cgroup.remove()
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(self._status_fd)
+
+
+def preview_argv(spec: SandboxSpec, *, root: bool | None = None) -> list[str]:
+    """The bwrap argv `start()` would use, with placeholder descriptor numbers."""
+    root = os.geteuid() == 0 if root is None else root
+    binds = [(spec.workspace, True), *((b.path, b.writable) for b in spec.binds)]
+    staged = [
+        bw.StagedBind(mounts.staged_path(i) if root else p, p, w) for i, (p, w) in enumerate(binds)
+    ]
+    plan = bw.BwrapPlan(
+        bwrap=shutil.which("bwrap") or "bwrap",
+        spec=spec,
+        system_links=_system_links(),
+        etc_entries=_etc_entries(),
+        binds=tuple(staged),
+        data_files=tuple(
+            (d, 10 + i) for i, d in enumerate(
+                ("/etc/passwd", "/etc/group", "/etc/hosts", f"{bw.INIT_DIR}/init.py", f"{bw.INIT_DIR}/landlock.py")
+            )
+        ),
+        init_argv=(INIT_PYTHON, "-I", "-S", f"{bw.INIT_DIR}/init.py",
+                   json.dumps({"status_fd": 3, "landlock": landlock_rules_for(spec)}), "--", *spec.argv),
+        sandbox_uid=INSIDE_UID,
+        sandbox_gid=INSIDE_UID,
+        seccomp_fd=15,
+    )
+    return bw.build_argv(plan)

@@ -1,0 +1,79 @@
+"""What a sandbox is asked to be: pure, frozen data shared by every backend.
+
+A `SandboxSpec` says what the sandboxed command sees and may use; a backend
+turns it into processes. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "DEFAULT_PATH",
+    "LAYERS",
+    "Bind",
+    "EnvKind",
+    "Limits",
+    "NetworkSpec",
+    "SandboxSpec",
+]
+
+EnvKind = Literal["exec", "agent", "product", "verifier"]
+
+#: Protection layers a profile may require; `--allow-degraded` takes these names.
+LAYERS: tuple[str, ...] = ("bwrap", "userns", "cgroup", "seccomp", "landlock", "idmap", "broker")
+
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+@dataclass(frozen=True, slots=True)
+class Bind:
+    """A host path made visible inside the sandbox at the same path."""
+
+    path: str
+    writable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Resource limits; None means unlimited (only the run-wide cap applies)."""
+
+    memory_bytes: int | None = None
+    pids: int | None = None
+    cpus: float | None = None
+    timeout_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkSpec:
+    """Egress: nothing at all unless `allow` names destinations for the broker."""
+
+    allow: tuple[str, ...] = ()
+
+    @property
+    def needs_broker(self) -> bool:
+        return bool(self.allow)
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxSpec:
+    """A command and the world it runs in.
+
+    `workspace` is the only host path writable by default (at the same path);
+    `binds` adds `--ro`/`--rw` paths. `env` is the complete environment of
+    the command (an allowlist built by the caller; never the caller's own).
+    """
+
+    argv: tuple[str, ...]
+    workspace: str
+    env: tuple[tuple[str, str], ...]
+    binds: tuple[Bind, ...] = ()
+    limits: Limits = field(default_factory=Limits)
+    network: NetworkSpec = field(default_factory=NetworkSpec)
+    env_kind: EnvKind = "exec"
+    home: str = "/home/corral"
+    hostname: str = "corral"
+    allow_degraded: frozenset[str] = frozenset()
+    run_id: str | None = None
+    session_id: str | None = None
