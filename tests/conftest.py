@@ -109,6 +109,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture
 def run_cmd() -> Callable[..., subprocess.CompletedProcess[str]]:
     def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, check=False)
+        return subprocess.run(
+            list(args), capture_output=True, text=True, timeout=timeout, check=False
+        )
 
     return _run

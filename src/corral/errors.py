@@ -1,17 +1,17 @@
 """The one exception tree of corral.
 
-    CorralError
-    ├── UsageError(CorralError, ValueError)        bad input from the user -> exit 2
-    ├── ConfigError(CorralError, ValueError)       corral.toml / mission file rejected
-    ├── LayerUnavailableError(CorralError, RuntimeError)
-    │                                              a protection layer is missing -> exit 125
-    ├── SandboxStartError(CorralError, OSError)    the sandbox could not be started -> exit 125
-    ├── CgroupError(CorralError, OSError)          cgroup create/limit/kill failed
-    ├── BrokerError(CorralError, OSError)          the broker failed or is unreachable
-    ├── JournalError(CorralError, OSError)         the journal cannot be written/read
-    ├── PolicyError(CorralError, ValueError)       a policy is malformed (always denies)
-    ├── ProviderError(CorralError, RuntimeError)   synthetic provider / scenario failures
-    └── AgentError(CorralError, RuntimeError)      an agent CLI adapter failed
+CorralError
+├── UsageError(CorralError, ValueError)        bad input from the user -> exit 2
+├── ConfigError(CorralError, ValueError)       corral.toml / mission file rejected
+├── LayerUnavailableError(CorralError, RuntimeError)
+│                                              a protection layer is missing -> exit 125
+├── SandboxStartError(CorralError, OSError)    the sandbox could not be started -> exit 125
+├── CgroupError(CorralError, OSError)          cgroup create/limit/kill failed
+├── BrokerError(CorralError, OSError)          the broker failed or is unreachable
+├── JournalError(CorralError, OSError)         the journal cannot be written/read
+├── PolicyError(CorralError, ValueError)       a policy is malformed (always denies)
+├── ProviderError(CorralError, RuntimeError)   synthetic provider / scenario failures
+└── AgentError(CorralError, RuntimeError)      an agent CLI adapter failed
 """
 
 from __future__ import annotations

@@ -109,10 +109,15 @@ def build_argv(plan: BwrapPlan) -> list[str]:
         "--unshare-cgroup-try",
         "--die-with-parent",
         "--new-session",
-        "--uid", str(plan.sandbox_uid),
-        "--gid", str(plan.sandbox_gid),
-        "--hostname", spec.hostname,
-        "--ro-bind", "/usr", "/usr",
+        "--uid",
+        str(plan.sandbox_uid),
+        "--gid",
+        str(plan.sandbox_gid),
+        "--hostname",
+        spec.hostname,
+        "--ro-bind",
+        "/usr",
+        "/usr",
     ]
     for name, target in plan.system_links:
         if target is None:

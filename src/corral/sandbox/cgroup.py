@@ -113,7 +113,9 @@ def _write(path: str, value: str) -> None:
         with open(path, "w", encoding="ascii") as fh:
             fh.write(value)
     except OSError as exc:
-        raise CgroupError(exc.errno, f"cannot write {value.strip()!r} to {path}: {exc.strerror}") from exc
+        raise CgroupError(
+            exc.errno, f"cannot write {value.strip()!r} to {path}: {exc.strerror}"
+        ) from exc
 
 
 def _enable_v2_controllers(directory: str) -> None:
@@ -121,7 +123,9 @@ def _enable_v2_controllers(directory: str) -> None:
     have = _read(os.path.join(directory, "cgroup.subtree_control")).split()
     missing = [c for c in wanted if c not in have]
     if missing:
-        _write(os.path.join(directory, "cgroup.subtree_control"), " ".join(f"+{c}" for c in missing))
+        _write(
+            os.path.join(directory, "cgroup.subtree_control"), " ".join(f"+{c}" for c in missing)
+        )
 
 
 class Cgroup:
@@ -186,7 +190,10 @@ class Cgroup:
             if limits.pids is not None:
                 _write(os.path.join(d, "pids.max"), str(limits.pids))
             if limits.cpus is not None:
-                _write(os.path.join(d, "cpu.max"), f"{int(limits.cpus * CPU_PERIOD_US)} {CPU_PERIOD_US}")
+                _write(
+                    os.path.join(d, "cpu.max"),
+                    f"{int(limits.cpus * CPU_PERIOD_US)} {CPU_PERIOD_US}",
+                )
             return
         if limits.memory_bytes is not None:
             d = self.dirs["memory"]
@@ -253,16 +260,21 @@ class Cgroup:
                 peak = int(_read(os.path.join(d, "memory.max_usage_in_bytes")).strip())
                 with contextlib.suppress(OSError):
                     peak = max(peak, int(_read(memsw).strip()))
-                oom = parse_flat_keyed(_read(os.path.join(d, "memory.oom_control"))).get("oom_kill", 0)
+                oom = parse_flat_keyed(_read(os.path.join(d, "memory.oom_control"))).get(
+                    "oom_kill", 0
+                )
                 mem_hits = int(_read(os.path.join(d, "memory.failcnt")).strip())
         with contextlib.suppress(OSError):
             pdir = self.dirs.get("pids") or self.dirs["unified"]
             pids_hits = parse_flat_keyed(_read(os.path.join(pdir, "pids.events"))).get("max", 0)
         with contextlib.suppress(OSError, KeyError):
             if "unified" in self.dirs:
-                cpu_s = parse_flat_keyed(_read(os.path.join(self.dirs["unified"], "cpu.stat")))[
-                    "usage_usec"
-                ] / 1e6
+                cpu_s = (
+                    parse_flat_keyed(_read(os.path.join(self.dirs["unified"], "cpu.stat")))[
+                        "usage_usec"
+                    ]
+                    / 1e6
+                )
             else:
                 cpu_s = int(_read(os.path.join(self.dirs["cpuacct"], "cpuacct.usage"))) / 1e9
         return CgroupUsage(peak, cpu_s, oom, pids_hits, mem_hits)
@@ -319,7 +331,9 @@ class Cgroup:
         if self.pids():
             self.kill()
             if not self.wait_empty(timeout_s):
-                raise CgroupError(errno.EBUSY, f"cgroup {self.relpath} still has processes after kill")
+                raise CgroupError(
+                    errno.EBUSY, f"cgroup {self.relpath} still has processes after kill"
+                )
         for d in existing:
             deadline = time.monotonic() + timeout_s
             while True:
@@ -332,7 +346,9 @@ class Cgroup:
                     # v1 memory cgroups stay busy for a moment after the last
                     # task exits while its zombie is reaped.
                     if exc.errno != errno.EBUSY or time.monotonic() >= deadline:
-                        raise CgroupError(exc.errno, f"cannot remove cgroup {d}: {exc.strerror}") from exc
+                        raise CgroupError(
+                            exc.errno, f"cannot remove cgroup {d}: {exc.strerror}"
+                        ) from exc
                     time.sleep(0.002)
 
 

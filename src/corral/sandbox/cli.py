@@ -23,14 +23,27 @@ def doctor(
 
     layers = probe.all_layers()
     rows: list[dict[str, object]] = [
-        {"layer": s.name, "available": s.available, "reason": s.reason, "hint": s.hint, "detail": s.detail}
+        {
+            "layer": s.name,
+            "available": s.available,
+            "reason": s.reason,
+            "hint": s.hint,
+            "detail": s.detail,
+        }
         for s in layers
     ]
     ready = all(s.available for s in layers if s.name in probe.REQUIRED_LAYERS)
     if smoke and ready:
         ok, reason = _smoke_test()
-        rows.append({"layer": "sandbox", "available": ok, "reason": reason,
-                     "hint": "" if ok else "run `corral exec --json -- true` for details", "detail": {}})
+        rows.append(
+            {
+                "layer": "sandbox",
+                "available": ok,
+                "reason": reason,
+                "hint": "" if ok else "run `corral exec --json -- true` for details",
+                "detail": {},
+            }
+        )
         ready = ready and ok
     if as_json:
         typer.echo(json.dumps({"ready": ready, "layers": rows}, indent=2))
@@ -48,10 +61,16 @@ def doctor(
     if ready:
         console.print("[green]The default namespace profile can run on this host.[/]")
     else:
-        missing = [str(r["layer"]) for r in rows if not r["available"] and
-                   (r["layer"] in probe.REQUIRED_LAYERS or r["layer"] == "sandbox")]
-        console.print(f"[red]The default profile cannot run: missing {', '.join(missing)}.[/] "
-                      "`corral exec --allow-degraded LAYER` runs without a layer, at your own risk.")
+        missing = [
+            str(r["layer"])
+            for r in rows
+            if not r["available"]
+            and (r["layer"] in probe.REQUIRED_LAYERS or r["layer"] == "sandbox")
+        ]
+        console.print(
+            f"[red]The default profile cannot run: missing {', '.join(missing)}.[/] "
+            "`corral exec --allow-degraded LAYER` runs without a layer, at your own risk."
+        )
     raise typer.Exit(0 if ready else 1)
 
 
@@ -63,8 +82,9 @@ def _smoke_test() -> tuple[bool, str]:
 
     with tempfile.TemporaryDirectory(prefix="corral-doctor-") as ws:
         os.chmod(ws, 0o700)
-        spec = SandboxSpec(argv=("true",), workspace=ws,
-                           env=tuple(sorted(sandbox_env("/home/corral", {}).items())))
+        spec = SandboxSpec(
+            argv=("true",), workspace=ws, env=tuple(sorted(sandbox_env("/home/corral", {}).items()))
+        )
         try:
             running = NamespaceSandbox(spec).start()
         except (CorralError, OSError) as exc:
@@ -79,10 +99,13 @@ def _smoke_test() -> tuple[bool, str]:
 
 
 def _exec_help() -> None:
-    """Run one command in a sandbox: corral exec [options] -- CMD [ARG...] (see `corral exec --help`)."""
+    """Run one command in a sandbox: corral exec [options] -- CMD [ARG...]."""
 
 
 def register(app: typer.Typer) -> None:
     app.command("doctor")(doctor)
-    app.command("exec", help="Run one command in a sandbox (see `corral exec --help`).",
-                context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(_exec_help)
+    app.command(
+        "exec",
+        help="Run one command in a sandbox (see `corral exec --help`).",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    )(_exec_help)

@@ -30,7 +30,19 @@ EXIT_USAGE = 2
 EXIT_REFUSED = 125
 
 #: System trees a writable mount may not be, contain, or sit inside.
-_SYSTEM_TREES = ("/usr", "/etc", "/proc", "/sys", "/dev", "/boot", "/bin", "/sbin", "/lib", "/lib64", "/run")
+_SYSTEM_TREES = (
+    "/usr",
+    "/etc",
+    "/proc",
+    "/sys",
+    "/dev",
+    "/boot",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib64",
+    "/run",
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,20 +58,32 @@ def _parser() -> _Parser:
         usage="corral exec [options] -- CMD [ARG...]",
     )
     p.add_argument("--workspace", default=None, help="writable project directory (default: cwd)")
-    p.add_argument("--env", dest="env_kind", default="exec", choices=["exec", "agent", "product", "verifier"])
+    p.add_argument(
+        "--env", dest="env_kind", default="exec", choices=["exec", "agent", "product", "verifier"]
+    )
     p.add_argument("--memory", default=None, help="memory limit incl. swap, e.g. 512M")
     p.add_argument("--cpus", default=None, help="CPU quota, e.g. 0.5")
     p.add_argument("--pids", default=None, help="max processes+threads")
     p.add_argument("--timeout", default=None, help="wall-clock limit, e.g. 600 or 10m")
-    p.add_argument("--allow", action="append", default=[], metavar="HOST[:PORT]", help="egress destination")
+    p.add_argument(
+        "--allow", action="append", default=[], metavar="HOST[:PORT]", help="egress destination"
+    )
     p.add_argument("--ro", action="append", default=[], metavar="PATH", help="extra read-only path")
     p.add_argument("--rw", action="append", default=[], metavar="PATH", help="extra writable path")
     p.add_argument("--backend", default="namespace", choices=["namespace", "microvm"])
     p.add_argument("--journal", default=None, metavar="FILE", help="journal SQLite file")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stderr at the end")
-    p.add_argument("--allow-degraded", action="append", default=[], metavar="LAYER", choices=list(LAYERS),
-                   help="run even though this protection layer is unavailable")
-    p.add_argument("--dry-run", action="store_true", help="print the bubblewrap command line and exit")
+    p.add_argument(
+        "--allow-degraded",
+        action="append",
+        default=[],
+        metavar="LAYER",
+        choices=list(LAYERS),
+        help="run even though this protection layer is unavailable",
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the bubblewrap command line and exit"
+    )
     return p
 
 
@@ -67,7 +91,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     argv = list(argv)
     if "--" in argv:
         i = argv.index("--")
-        opts, cmd = argv[:i], argv[i + 1:]
+        opts, cmd = argv[:i], argv[i + 1 :]
     else:
         # Without `--`, the first word that is not an option (or an option's
         # value) starts the command.
@@ -97,14 +121,18 @@ def validate_path(raw: str, what: str, *, writable: bool, home: str) -> str:
     if path == "/":
         raise UsageError(f"{what} cannot be /")
     if _within(home, path):
-        raise UsageError(f"{what} {path} contains your home directory {home}; choose a project directory")
+        raise UsageError(
+            f"{what} {path} contains your home directory {home}; choose a project directory"
+        )
     for tree in _SYSTEM_TREES:
         if _within(tree, path) or (writable and _within(path, tree)):
             raise UsageError(f"{what} {path} overlaps the system directory {tree}")
     return path
 
 
-def sandbox_env(home: str, caller: dict[str, str], extra: dict[str, str] | None = None) -> dict[str, str]:
+def sandbox_env(
+    home: str, caller: dict[str, str], extra: dict[str, str] | None = None
+) -> dict[str, str]:
     """The command's whole environment: an allowlist, never the caller's secrets."""
     env = {
         "PATH": DEFAULT_PATH,
@@ -215,12 +243,23 @@ def run_exec(argv: Sequence[str]) -> int:
 
 def _json_refused(enabled: bool, message: str, layer: str | None) -> None:
     if enabled:
-        sys.stderr.write(json.dumps({
-            "exit": EXIT_REFUSED, "reason": "refused", "wall_s": 0.0, "cpu_s": 0.0,
-            "peak_memory_bytes": 0, "processes_killed_at_end": 0,
-            "observations": {"allowed": 0, "denied": 0}, "layers": {},
-            "message": message, "layer": layer,
-        }) + "\n")
+        sys.stderr.write(
+            json.dumps(
+                {
+                    "exit": EXIT_REFUSED,
+                    "reason": "refused",
+                    "wall_s": 0.0,
+                    "cpu_s": 0.0,
+                    "peak_memory_bytes": 0,
+                    "processes_killed_at_end": 0,
+                    "observations": {"allowed": 0, "denied": 0},
+                    "layers": {},
+                    "message": message,
+                    "layer": layer,
+                }
+            )
+            + "\n"
+        )
 
 
 def quote_argv(argv: Sequence[str]) -> str:

@@ -43,7 +43,9 @@ def execute(
     if result.message and result.reason == "refused":
         sys.stderr.write(f"corral exec: {result.message}\n")
     if result.reason == "timeout":
-        sys.stderr.write(f"corral exec: timed out after {spec.limits.timeout_s:g}s; sandbox killed\n")
+        sys.stderr.write(
+            f"corral exec: timed out after {spec.limits.timeout_s:g}s; sandbox killed\n"
+        )
     elif result.reason == "oom":
         sys.stderr.write("corral exec: killed by the memory limit\n")
     summary = result.summary()

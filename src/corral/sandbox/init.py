@@ -72,12 +72,15 @@ def main(argv: list[str]) -> int:
     if rules is not None:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         try:
-            import landlock
+            import landlock  # type: ignore[import-not-found]  # loaded from INIT_DIR
 
             abi = landlock.apply(landlock.LandlockRules.from_json(json.dumps(rules)))
         except Exception as exc:  # fail closed on any error
             msg = f"Landlock could not be applied: {exc}"
-            _report(status_fd, {"event": "error", "layer": "landlock", "code": EXIT_REFUSED, "message": msg})
+            _report(
+                status_fd,
+                {"event": "error", "layer": "landlock", "code": EXIT_REFUSED, "message": msg},
+            )
             sys.stderr.write(f"corral: {msg}\n")
             return EXIT_REFUSED
         _report(status_fd, {"event": "landlock", "abi": abi})

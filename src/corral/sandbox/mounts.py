@@ -91,7 +91,9 @@ def make_userns_fd(caller_uid: int, caller_gid: int, sandbox_uid: int, sandbox_g
             fh.write(f"{caller_gid} {sandbox_gid} 1\n")
         return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
-        raise SandboxStartError(exc.errno, f"cannot create idmap user namespace: {exc.strerror}") from exc
+        raise SandboxStartError(
+            exc.errno, f"cannot create idmap user namespace: {exc.strerror}"
+        ) from exc
     finally:
         os.close(w)
         os.waitpid(pid, 0)
@@ -112,7 +114,10 @@ def stage_bind(index: int, source: str, writable: bool, userns_fd: int) -> str:
     """Clone `source`, idmap it, and attach it at staged_path(index)."""
     tree = _check(
         _libc.syscall(
-            _SYS_OPEN_TREE, _AT_FDCWD, source.encode(), _OPEN_TREE_CLONE | _O_CLOEXEC | _AT_RECURSIVE
+            _SYS_OPEN_TREE,
+            _AT_FDCWD,
+            source.encode(),
+            _OPEN_TREE_CLONE | _O_CLOEXEC | _AT_RECURSIVE,
         ),
         f"open_tree({source})",
     )
@@ -131,7 +136,9 @@ def stage_bind(index: int, source: str, writable: bool, userns_fd: int) -> str:
         else:
             os.close(os.open(target, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
         _check(
-            _libc.syscall(_SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, target.encode(), _MOVE_MOUNT_F_EMPTY_PATH),
+            _libc.syscall(
+                _SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, target.encode(), _MOVE_MOUNT_F_EMPTY_PATH
+            ),
             f"move_mount({source})",
         )
         return target

@@ -187,9 +187,16 @@ class NamespaceSandbox:
         spec = self.spec
         layers = _Layers()
         bwrap_path = shutil.which("bwrap") or ""
-        layers.need(spec, "bwrap", None if bwrap_path else "bwrap not found on PATH", "apt-get install bubblewrap")
+        layers.need(
+            spec,
+            "bwrap",
+            None if bwrap_path else "bwrap not found on PATH",
+            "apt-get install bubblewrap",
+        )
         if not bwrap_path:
-            raise LayerUnavailableError("bwrap", "bwrap not found on PATH", "apt-get install bubblewrap")
+            raise LayerUnavailableError(
+                "bwrap", "bwrap not found on PATH", "apt-get install bubblewrap"
+            )
         layers.active["bwrap"] = True
 
         userns_reason = None
@@ -286,7 +293,11 @@ class NamespaceSandbox:
                 ("/etc/group", _group()),
                 ("/etc/hosts", _hosts(spec.hostname)),
                 (f"{bw.INIT_DIR}/init.py", (_SRC_DIR / "init.py").read_bytes()),
-                *([(f"{bw.INIT_DIR}/landlock.py", (_SRC_DIR / "landlock.py").read_bytes())] if use_landlock else []),
+                *(
+                    [(f"{bw.INIT_DIR}/landlock.py", (_SRC_DIR / "landlock.py").read_bytes())]
+                    if use_landlock
+                    else []
+                ),
             ):
                 fd = _memfd(os.path.basename(dest), content)
                 fds_to_close.append(fd)
@@ -310,7 +321,9 @@ class NamespaceSandbox:
             binds = [(spec.workspace, True), *((b.path, b.writable) for b in spec.binds)]
             userns_fd = -1
             if self.is_root:
-                userns_fd = mounts.make_userns_fd(os.getuid(), os.getgid(), SANDBOX_HOST_UID, SANDBOX_HOST_GID)
+                userns_fd = mounts.make_userns_fd(
+                    os.getuid(), os.getgid(), SANDBOX_HOST_UID, SANDBOX_HOST_GID
+                )
                 fds_to_close.append(userns_fd)
                 for i, (path, writable) in enumerate(binds):
                     staged.append(bw.StagedBind(mounts.staged_path(i), path, writable))
@@ -328,8 +341,15 @@ class NamespaceSandbox:
                 etc_entries=_etc_entries(),
                 binds=tuple(staged),
                 data_files=tuple(data_files),
-                init_argv=(INIT_PYTHON, "-I", "-S", f"{bw.INIT_DIR}/init.py", json.dumps(init_cfg),
-                           "--", *spec.argv),
+                init_argv=(
+                    INIT_PYTHON,
+                    "-I",
+                    "-S",
+                    f"{bw.INIT_DIR}/init.py",
+                    json.dumps(init_cfg),
+                    "--",
+                    *spec.argv,
+                ),
                 sandbox_uid=INSIDE_UID,
                 sandbox_gid=INSIDE_UID,
                 seccomp_fd=seccomp_fd,
@@ -364,8 +384,14 @@ class NamespaceSandbox:
             # Orphans of the launcher's children come back to corral, not host init.
             _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
             try:
+                # preexec_fn is safe here: corral exec's launcher thread is the
+                # process's only thread (the broker is a separate process).
                 proc = subprocess.Popen(
-                    argv, env=env, pass_fds=pass_fds, preexec_fn=child_setup, close_fds=True,
+                    argv,
+                    env=env,
+                    pass_fds=pass_fds,
+                    preexec_fn=child_setup,  # noqa: PLW1509
+                    close_fds=True,
                     cwd="/",
                 )
             except (OSError, subprocess.SubprocessError) as exc:
@@ -379,7 +405,14 @@ class NamespaceSandbox:
                 with contextlib.suppress(OSError):
                     os.close(fd)
             fds_to_close = []
-            running = RunningSandbox(proc, cgroup, status_r, layers.active, started, spec)
+            running = RunningSandbox(
+                proc=proc,
+                cgroup=cgroup,
+                status_fd=status_r,
+                layers=layers.active,
+                started=started,
+                spec=spec,
+            )
             if self._network_hook is not None:
                 assert info_r is not None and block_w is not None
                 try:
@@ -443,6 +476,7 @@ class RunningSandbox:
 
     def __init__(
         self,
+        *,
         proc: subprocess.Popen[bytes],
         cgroup: Cgroup | None,
         status_fd: int,
@@ -615,12 +649,26 @@ def preview_argv(spec: SandboxSpec, *, root: bool | None = None) -> list[str]:
         etc_entries=_etc_entries(),
         binds=tuple(staged),
         data_files=tuple(
-            (d, 10 + i) for i, d in enumerate(
-                ("/etc/passwd", "/etc/group", "/etc/hosts", f"{bw.INIT_DIR}/init.py", f"{bw.INIT_DIR}/landlock.py")
+            (d, 10 + i)
+            for i, d in enumerate(
+                (
+                    "/etc/passwd",
+                    "/etc/group",
+                    "/etc/hosts",
+                    f"{bw.INIT_DIR}/init.py",
+                    f"{bw.INIT_DIR}/landlock.py",
+                )
             )
         ),
-        init_argv=(INIT_PYTHON, "-I", "-S", f"{bw.INIT_DIR}/init.py",
-                   json.dumps({"status_fd": 3, "landlock": landlock_rules_for(spec)}), "--", *spec.argv),
+        init_argv=(
+            INIT_PYTHON,
+            "-I",
+            "-S",
+            f"{bw.INIT_DIR}/init.py",
+            json.dumps({"status_fd": 3, "landlock": landlock_rules_for(spec)}),
+            "--",
+            *spec.argv,
+        ),
         sandbox_uid=INSIDE_UID,
         sandbox_gid=INSIDE_UID,
         seccomp_fd=15,

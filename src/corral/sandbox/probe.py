@@ -15,19 +15,19 @@ import subprocess
 from dataclasses import dataclass, field
 
 __all__ = [
+    "REQUIRED_LAYERS",
     "LayerStatus",
     "all_layers",
     "landlock_abi",
     "probe_bwrap",
     "probe_cgroup",
+    "probe_init_python",
     "probe_kvm",
     "probe_landlock",
     "probe_pidns",
+    "probe_qemu",
     "probe_seccomp",
     "probe_userns",
-    "probe_qemu",
-    "probe_init_python",
-    "REQUIRED_LAYERS",
 ]
 
 _SYS_LANDLOCK_CREATE_RULESET = 444
@@ -61,17 +61,24 @@ def probe_bwrap() -> LayerStatus:
     if path is None:
         return LayerStatus("bwrap", False, "bwrap not found on PATH", "apt-get install bubblewrap")
     try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10, check=False)
+        out = subprocess.run(
+            [path, "--version"], capture_output=True, text=True, timeout=10, check=False
+        )
     except OSError as exc:
         return LayerStatus("bwrap", False, f"cannot run {path}: {exc}", "reinstall bubblewrap")
     version = out.stdout.strip().removeprefix("bubblewrap ").strip()
     st = os.stat(path)
     if st.st_mode & 0o4000:
         return LayerStatus(
-            "bwrap", False, f"{path} is setuid root; corral needs the unprivileged build",
-            "chmod u-s " + path, {"path": path, "version": version},
+            "bwrap",
+            False,
+            f"{path} is setuid root; corral needs the unprivileged build",
+            "chmod u-s " + path,
+            {"path": path, "version": version},
         )
-    return LayerStatus("bwrap", True, f"bubblewrap {version} at {path}", detail={"path": path, "version": version})
+    return LayerStatus(
+        "bwrap", True, f"bubblewrap {version} at {path}", detail={"path": path, "version": version}
+    )
 
 
 def _unprivileged(cmd: list[str]) -> tuple[bool, str]:
@@ -79,8 +86,14 @@ def _unprivileged(cmd: list[str]) -> tuple[bool, str]:
     try:
         if os.geteuid() == 0:
             proc = subprocess.run(
-                cmd, capture_output=True, text=True, timeout=10, check=False,
-                user=PROBE_UID, group=PROBE_UID, extra_groups=[],
+                cmd,
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+                user=PROBE_UID,
+                group=PROBE_UID,
+                extra_groups=[],
             )
         else:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False)
@@ -93,21 +106,39 @@ def _unprivileged(cmd: list[str]) -> tuple[bool, str]:
 def probe_userns() -> LayerStatus:
     max_ns = _read("/proc/sys/user/max_user_namespaces")
     if max_ns == "0":
-        return LayerStatus("userns", False, "user.max_user_namespaces is 0", "sysctl -w user.max_user_namespaces=10000")
+        return LayerStatus(
+            "userns",
+            False,
+            "user.max_user_namespaces is 0",
+            "sysctl -w user.max_user_namespaces=10000",
+        )
     clone = _read("/proc/sys/kernel/unprivileged_userns_clone")
     if clone == "0":
-        return LayerStatus("userns", False, "kernel.unprivileged_userns_clone is 0",
-                           "sysctl -w kernel.unprivileged_userns_clone=1")
+        return LayerStatus(
+            "userns",
+            False,
+            "kernel.unprivileged_userns_clone is 0",
+            "sysctl -w kernel.unprivileged_userns_clone=1",
+        )
     aa = _read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
     if aa == "1":
-        return LayerStatus("userns", False, "AppArmor restricts unprivileged user namespaces",
-                           "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0 or add an AppArmor profile for bwrap")
+        return LayerStatus(
+            "userns",
+            False,
+            "AppArmor restricts unprivileged user namespaces",
+            "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0 "
+            "or add an AppArmor profile for bwrap",
+        )
     unshare = shutil.which("unshare")
     if unshare is None:
-        return LayerStatus("userns", True, "sysctls allow unprivileged user namespaces (not tried: no unshare(1))")
+        return LayerStatus(
+            "userns", True, "sysctls allow unprivileged user namespaces (not tried: no unshare(1))"
+        )
     ok, err = _unprivileged([unshare, "--user", "--map-root-user", "true"])
     if not ok:
-        return LayerStatus("userns", False, f"unprivileged unshare --user failed: {err}", "check sysctls and LSMs")
+        return LayerStatus(
+            "userns", False, f"unprivileged unshare --user failed: {err}", "check sysctls and LSMs"
+        )
     return LayerStatus("userns", True, f"unprivileged user namespaces work (max {max_ns})")
 
 
@@ -116,11 +147,28 @@ def probe_pidns() -> LayerStatus:
     bw = probe_bwrap()
     if not bw.available:
         return LayerStatus("pidns", False, "not tried: " + bw.reason, bw.hint)
-    ok, err = _unprivileged([bw.detail["path"], "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/",
-                             "--proc", "/proc", "--dev", "/dev", "true"])
+    ok, err = _unprivileged(
+        [
+            bw.detail["path"],
+            "--unshare-all",
+            "--die-with-parent",
+            "--ro-bind",
+            "/",
+            "/",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "true",
+        ]
+    )
     if not ok:
-        return LayerStatus("pidns", False, f"bwrap --unshare-all failed as uid {PROBE_UID}: {err}",
-                           "enable unprivileged user namespaces")
+        return LayerStatus(
+            "pidns",
+            False,
+            f"bwrap --unshare-all failed as uid {PROBE_UID}: {err}",
+            "enable unprivileged user namespaces",
+        )
     return LayerStatus("pidns", True, "PID, mount, net, IPC and UTS namespaces work under bwrap")
 
 
@@ -130,7 +178,9 @@ def probe_cgroup() -> LayerStatus:
 
     layout = detect_layout()
     if layout is None:
-        return LayerStatus("cgroup", False, "no cgroup filesystem mounted", "mount cgroup2 on /sys/fs/cgroup")
+        return LayerStatus(
+            "cgroup", False, "no cgroup filesystem mounted", "mount cgroup2 on /sys/fs/cgroup"
+        )
     kind = layout.kind
     mounts = dict(layout.v1)
     if layout.unified:
@@ -141,31 +191,54 @@ def probe_cgroup() -> LayerStatus:
         ctrls = (_read(os.path.join(root, "cgroup.controllers")) or "").split()
         missing = [c for c in ("memory", "pids", "cpu") if c not in ctrls]
         if missing:
-            return LayerStatus("cgroup", False, f"cgroup v2 lacks controllers: {', '.join(missing)}",
-                               "enable them in the parent's cgroup.subtree_control", detail)
+            return LayerStatus(
+                "cgroup",
+                False,
+                f"cgroup v2 lacks controllers: {', '.join(missing)}",
+                "enable them in the parent's cgroup.subtree_control",
+                detail,
+            )
         writable = os.access(root, os.W_OK)
         detail["controllers"] = " ".join(ctrls)
     else:
         missing = [c for c in ("memory", "pids", "cpu", "freezer") if c not in mounts]
         if missing:
-            return LayerStatus("cgroup", False, f"cgroup v1 lacks controllers: {', '.join(missing)}",
-                               "mount the missing v1 controllers", detail)
+            return LayerStatus(
+                "cgroup",
+                False,
+                f"cgroup v1 lacks controllers: {', '.join(missing)}",
+                "mount the missing v1 controllers",
+                detail,
+            )
         writable = all(os.access(mounts[c], os.W_OK) for c in ("memory", "pids", "cpu", "freezer"))
         memsw = os.path.exists(os.path.join(mounts["memory"], "memory.memsw.limit_in_bytes"))
         detail["memsw"] = "yes" if memsw else "no"
         detail["controllers"] = " ".join(sorted(c for c in mounts if c != "unified"))
     if not writable:
-        return LayerStatus("cgroup", False, f"cgroup {kind} hierarchy is not writable by uid {os.geteuid()}",
-                           "run as root or delegate a cgroup subtree", detail)
-    return LayerStatus("cgroup", True, f"cgroup {kind} ({detail['controllers']}) writable", detail=detail)
+        return LayerStatus(
+            "cgroup",
+            False,
+            f"cgroup {kind} hierarchy is not writable by uid {os.geteuid()}",
+            "run as root or delegate a cgroup subtree",
+            detail,
+        )
+    return LayerStatus(
+        "cgroup", True, f"cgroup {kind} ({detail['controllers']}) writable", detail=detail
+    )
 
 
 def landlock_abi() -> int:
     """The kernel's Landlock ABI version, or 0 when Landlock is unavailable."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        abi = int(libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0),
-                               ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION)))
+        abi = int(
+            libc.syscall(
+                _SYS_LANDLOCK_CREATE_RULESET,
+                None,
+                ctypes.c_size_t(0),
+                ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION),
+            )
+        )
     except (OSError, AttributeError):
         return 0
     return max(abi, 0)
@@ -176,8 +249,12 @@ def probe_landlock() -> LayerStatus:
     abi = landlock_abi()
     if abi <= 0:
         lsm = _read("/sys/kernel/security/lsm") or "unknown"
-        return LayerStatus("landlock", False, f"Landlock not enabled (LSMs: {lsm})",
-                           "boot with lsm=...,landlock (kernel >= 5.13)")
+        return LayerStatus(
+            "landlock",
+            False,
+            f"Landlock not enabled (LSMs: {lsm})",
+            "boot with lsm=...,landlock (kernel >= 5.13)",
+        )
     return LayerStatus("landlock", True, f"Landlock ABI {abi}", detail={"abi": str(abi)})
 
 
@@ -185,11 +262,15 @@ def probe_landlock() -> LayerStatus:
 def probe_seccomp() -> LayerStatus:
     actions = _read("/proc/sys/kernel/seccomp/actions_avail")
     if actions is None:
-        return LayerStatus("seccomp", False, "kernel has no seccomp filter support", "CONFIG_SECCOMP_FILTER=y")
+        return LayerStatus(
+            "seccomp", False, "kernel has no seccomp filter support", "CONFIG_SECCOMP_FILTER=y"
+        )
     try:
         import pyseccomp  # noqa: F401
     except (ImportError, OSError) as exc:
-        return LayerStatus("seccomp", False, f"libseccomp binding unusable: {exc}", "apt-get install libseccomp2")
+        return LayerStatus(
+            "seccomp", False, f"libseccomp binding unusable: {exc}", "apt-get install libseccomp2"
+        )
     return LayerStatus("seccomp", True, f"seccomp filters ({actions})")
 
 
@@ -198,33 +279,54 @@ def probe_kvm() -> LayerStatus:
     try:
         fd = os.open("/dev/kvm", os.O_RDWR | os.O_CLOEXEC)
     except OSError as exc:
-        return LayerStatus("kvm", False, f"/dev/kvm: {exc.strerror}", "load kvm modules or use --backend namespace")
+        return LayerStatus(
+            "kvm", False, f"/dev/kvm: {exc.strerror}", "load kvm modules or use --backend namespace"
+        )
     os.close(fd)
     cpuinfo = _read("/proc/cpuinfo") or ""
     if not re.search(r"\b(vmx|svm)\b", cpuinfo):
-        return LayerStatus("kvm", True, "/dev/kvm opens but the CPU shows no vmx/svm (paravirtual KVM)")
+        return LayerStatus(
+            "kvm", True, "/dev/kvm opens but the CPU shows no vmx/svm (paravirtual KVM)"
+        )
     return LayerStatus("kvm", True, "/dev/kvm usable")
 
 
 def probe_qemu() -> LayerStatus:
     path = shutil.which("qemu-system-x86_64")
     if path is None:
-        return LayerStatus("qemu", False, "qemu-system-x86_64 not found (microvm backend)",
-                           "apt-get install qemu-system-x86")
+        return LayerStatus(
+            "qemu",
+            False,
+            "qemu-system-x86_64 not found (microvm backend)",
+            "apt-get install qemu-system-x86",
+        )
     return LayerStatus("qemu", True, f"QEMU at {path}")
 
 
 def probe_init_python() -> LayerStatus:
     path = "/usr/bin/python3"
     if not os.access(path, os.X_OK):
-        return LayerStatus("init", False, f"{path} missing: the in-sandbox init (Landlock) needs it",
-                           "apt-get install python3")
+        return LayerStatus(
+            "init",
+            False,
+            f"{path} missing: the in-sandbox init (Landlock) needs it",
+            "apt-get install python3",
+        )
     return LayerStatus("init", True, f"in-sandbox init runs on {path}")
 
 
 def all_layers() -> list[LayerStatus]:
-    return [probe_bwrap(), probe_userns(), probe_pidns(), probe_cgroup(), probe_seccomp(),
-            probe_landlock(), probe_init_python(), probe_kvm(), probe_qemu()]
+    return [
+        probe_bwrap(),
+        probe_userns(),
+        probe_pidns(),
+        probe_cgroup(),
+        probe_seccomp(),
+        probe_landlock(),
+        probe_init_python(),
+        probe_kvm(),
+        probe_qemu(),
+    ]
 
 
 #: Layers the default (namespace) profile cannot run without.

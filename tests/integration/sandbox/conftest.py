@@ -51,11 +51,22 @@ def workspace(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def corral_exec(workspace: Path) -> ExecFn:
-    def run(*cmd: str, opts: tuple[str, ...] = (), timeout: float = 60,
-            env: dict[str, str] | None = None, ws: Path | None = None) -> ExecOutcome:
+    def run(
+        *cmd: str,
+        opts: tuple[str, ...] = (),
+        timeout: float = 60,
+        env: dict[str, str] | None = None,
+        ws: Path | None = None,
+    ) -> ExecOutcome:
         argv = corral_argv("--workspace", str(ws or workspace), "--json", *opts, "--", *cmd)
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
-                              env=env if env is not None else dict(os.environ))
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env=env if env is not None else dict(os.environ),
+        )
         return ExecOutcome(proc.returncode, proc.stdout, proc.stderr, parse_summary(proc.stderr))
 
     return run

@@ -42,22 +42,40 @@ def test_dangerous_syscalls_refused(corral_exec: ExecFn, workspace: Path) -> Non
     out = corral_exec("python3", "probe.py")
     assert out.code == 0, out.stderr
     res = _results(out.stdout)
-    assert set(res) == {"ptrace", "unshare_user", "unshare_ns", "mount", "io_uring", "bpf", "perf",
-                        "userfaultfd", "keyctl", "vm_readv"}
+    assert set(res) == {
+        "ptrace",
+        "unshare_user",
+        "unshare_ns",
+        "mount",
+        "io_uring",
+        "bpf",
+        "perf",
+        "userfaultfd",
+        "keyctl",
+        "vm_readv",
+    }
     for name, verdict in res.items():
         assert verdict != "OK", f"{name} succeeded inside the sandbox"
         assert verdict in ("EPERM", "ENOSYS"), (name, verdict)
 
 
 def test_unshare_and_mount_tools_fail(corral_exec: ExecFn) -> None:
-    out = corral_exec("sh", "-c", "unshare -U true && echo UNSHARED; mount -t tmpfs none /tmp && echo MOUNTED")
+    out = corral_exec(
+        "sh", "-c", "unshare -U true && echo UNSHARED; mount -t tmpfs none /tmp && echo MOUNTED"
+    )
     assert "UNSHARED" not in out.stdout
     assert "MOUNTED" not in out.stdout
 
 
 def test_runs_unprivileged_without_capabilities(corral_exec: ExecFn, workspace: Path) -> None:
-    out = corral_exec("sh", "-c", "grep -E '^(Uid|Gid|CapEff|CapPrm|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status")
-    fields = {k.strip(): v.split() for k, v in (line.split(":", 1) for line in out.stdout.splitlines())}
+    out = corral_exec(
+        "sh",
+        "-c",
+        "grep -E '^(Uid|Gid|CapEff|CapPrm|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status",
+    )
+    fields = {
+        k.strip(): v.split() for k, v in (line.split(":", 1) for line in out.stdout.splitlines())
+    }
     assert fields["Uid"][0] != "0"
     assert fields["CapEff"] == ["0000000000000000"]
     assert fields["CapPrm"] == ["0000000000000000"]
@@ -70,15 +88,31 @@ def test_runs_unprivileged_without_capabilities(corral_exec: ExecFn, workspace: 
 def test_host_uid_of_sandboxed_process_is_unprivileged(workspace: Path, marker: str) -> None:
     from .conftest import corral_argv, processes_with, wait_for
 
-    with subprocess.Popen(corral_argv("--workspace", str(workspace), "--", "python3", "-c",
-                                      "import time; time.sleep(20)", marker),
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+    with subprocess.Popen(
+        corral_argv(
+            "--workspace",
+            str(workspace),
+            "--",
+            "python3",
+            "-c",
+            "import time; time.sleep(20)",
+            marker,
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    ) as proc:
         try:
-            assert wait_for(lambda: any(
-                Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"python3") for p in processes_with(marker)
-            ))
-            pids = [p for p in processes_with(marker)
-                    if Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"python3")]
+            assert wait_for(
+                lambda: any(
+                    Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"python3")
+                    for p in processes_with(marker)
+                )
+            )
+            pids = [
+                p
+                for p in processes_with(marker)
+                if Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"python3")
+            ]
             for pid in pids:
                 assert os.stat(f"/proc/{pid}").st_uid != 0
         finally:

@@ -12,8 +12,9 @@ LIMIT = 256 * 1024 * 1024
 
 
 def test_memory_hog_is_killed_at_the_limit(corral_exec: ExecFn) -> None:
-    out = corral_exec("python3", "-c", "x = bytearray(2 * 1024**3); print('survived')",
-                      opts=("--memory", "256M"))
+    out = corral_exec(
+        "python3", "-c", "x = bytearray(2 * 1024**3); print('survived')", opts=("--memory", "256M")
+    )
     assert out.code == 137, out.stderr
     assert out.summary["reason"] == "oom"
     assert "survived" not in out.stdout

@@ -32,8 +32,10 @@ def _script(workspace: Path, marker: str, tail: str) -> Path:
         f"nohup python3 -c '{py}' {marker}-nohup >/dev/null 2>&1 &\n"
         f"sh -c \"python3 -c '{py}' {marker}-orphan &\"\n"
         # wait until all four are running so none is killed before it started
-        f"for i in $(seq 1 200); do n=$(grep -l {marker} /proc/[0-9]*/cmdline 2>/dev/null | wc -l); "
-        f"[ \"$n\" -ge 4 ] && break; sleep 0.02; done\n"
+        # ("[c]orral-..." keeps grep from counting its own command line)
+        f"for i in $(seq 1 200); do n=$(grep -l '[{marker[0]}]{marker[1:]}' /proc/[0-9]*/cmdline "
+        "2>/dev/null | wc -l); "
+        f'[ "$n" -ge 4 ] && break; sleep 0.02; done\n'
         f"echo spawned\n{tail}\n"
     )
     script.chmod(0o755)
@@ -64,8 +66,11 @@ def test_daemons_gone_after_timeout(corral_exec: ExecFn, workspace: Path, marker
 
 def test_daemons_gone_when_corral_is_sigkilled(workspace: Path, marker: str) -> None:
     script = _script(workspace, marker, "sleep 1000")
-    with subprocess.Popen(corral_argv("--workspace", str(workspace), "--", "sh", str(script)),
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as proc:
+    with subprocess.Popen(
+        corral_argv("--workspace", str(workspace), "--", "sh", str(script)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    ) as proc:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == b"spawned"
         assert len(processes_with(marker)) >= 4
@@ -76,8 +81,11 @@ def test_daemons_gone_when_corral_is_sigkilled(workspace: Path, marker: str) -> 
 
 def test_sigterm_to_corral_kills_the_sandbox(workspace: Path, marker: str) -> None:
     script = _script(workspace, marker, "sleep 1000")
-    with subprocess.Popen(corral_argv("--workspace", str(workspace), "--", "sh", str(script)),
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as proc:
+    with subprocess.Popen(
+        corral_argv("--workspace", str(workspace), "--", "sh", str(script)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    ) as proc:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == b"spawned"
         proc.send_signal(signal.SIGTERM)
@@ -92,7 +100,11 @@ def test_no_cgroup_left_behind(corral_exec: ExecFn) -> None:
     assert layout is not None
     root = dict(layout.v1).get("pids") or layout.unified
     assert root is not None
-    before = set(os.listdir(os.path.join(root, "corral"))) if os.path.isdir(os.path.join(root, "corral")) else set()
+    before = (
+        set(os.listdir(os.path.join(root, "corral")))
+        if os.path.isdir(os.path.join(root, "corral"))
+        else set()
+    )
     out = corral_exec("true")
     assert out.code == 0
     after = set(os.listdir(os.path.join(root, "corral")))

@@ -1,0 +1,161 @@
+"""Golden tests of the bubblewrap argv builder (pure)."""
+
+from __future__ import annotations
+
+from corral.sandbox.bwrap import BwrapPlan, StagedBind, build_argv
+from corral.sandbox.spec import Bind, SandboxSpec
+
+
+def _plan(**over: object) -> BwrapPlan:
+    spec = SandboxSpec(
+        argv=("echo", "hi"),
+        workspace="/work/p",
+        env=(("PATH", "/usr/bin"),),
+        binds=(Bind("/data", writable=False),),
+    )
+    base: dict[str, object] = {
+        "bwrap": "/usr/bin/bwrap",
+        "spec": spec,
+        "system_links": (("bin", "usr/bin"), ("lib", "usr/lib")),
+        "etc_entries": ("ld.so.cache", "ssl"),
+        "binds": (
+            StagedBind("/run/corral-stage/1", "/data", False),
+            StagedBind("/run/corral-stage/0", "/work/p", True),
+        ),
+        "data_files": (("/etc/passwd", 10),),
+        "init_argv": (
+            "/usr/bin/python3",
+            "-I",
+            "-S",
+            "/run/corral/init.py",
+            "{}",
+            "--",
+            "echo",
+            "hi",
+        ),
+        "seccomp_fd": 12,
+    }
+    base.update(over)
+    return BwrapPlan(**base)  # type: ignore[arg-type]
+
+
+GOLDEN = [
+    "/usr/bin/bwrap",
+    "--unshare-user",
+    "--unshare-pid",
+    "--unshare-net",
+    "--unshare-ipc",
+    "--unshare-uts",
+    "--unshare-cgroup-try",
+    "--die-with-parent",
+    "--new-session",
+    "--uid",
+    "1000",
+    "--gid",
+    "1000",
+    "--hostname",
+    "corral",
+    "--ro-bind",
+    "/usr",
+    "/usr",
+    "--symlink",
+    "usr/bin",
+    "/bin",
+    "--symlink",
+    "usr/lib",
+    "/lib",
+    "--proc",
+    "/proc",
+    "--dev",
+    "/dev",
+    "--tmpfs",
+    "/tmp",
+    "--tmpfs",
+    "/home",
+    "--tmpfs",
+    "/var",
+    "--dir",
+    "/var/tmp",
+    "--tmpfs",
+    "/run",
+    "--dir",
+    "/run/corral",
+    "--dir",
+    "/home/corral",
+    "--ro-bind",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.cache",
+    "--ro-bind",
+    "/etc/ssl",
+    "/etc/ssl",
+    "--ro-bind-data",
+    "10",
+    "/etc/passwd",
+    "--ro-bind",
+    "/run/corral-stage/1",
+    "/data",
+    "--bind",
+    "/run/corral-stage/0",
+    "/work/p",
+    "--remount-ro",
+    "/",
+    "--seccomp",
+    "12",
+    "--chdir",
+    "/work/p",
+    "--",
+    "/usr/bin/python3",
+    "-I",
+    "-S",
+    "/run/corral/init.py",
+    "{}",
+    "--",
+    "echo",
+    "hi",
+]
+
+
+def test_golden_argv() -> None:
+    assert build_argv(_plan()) == GOLDEN
+
+
+def test_build_twice_is_identical_and_fresh() -> None:
+    plan = _plan()
+    a = build_argv(plan)
+    b = build_argv(plan)
+    assert a == b
+    assert a is not b
+
+
+def test_user_binds_mount_parents_first() -> None:
+    plan = _plan(binds=(StagedBind("/s/1", "/a/b/c", True), StagedBind("/s/0", "/a", True)))
+    argv = build_argv(plan)
+    assert argv.index("/a") < argv.index("/a/b/c")
+
+
+def test_tmpfs_dirs_before_user_binds() -> None:
+    plan = _plan(binds=(StagedBind("/s/0", "/tmp/ws", True),))
+    argv = build_argv(plan)
+    assert argv.index("/tmp") < argv.index("/tmp/ws")
+
+
+def test_optional_fds() -> None:
+    argv = build_argv(_plan(seccomp_fd=None, info_fd=7, block_fd=8))
+    assert "--seccomp" not in argv
+    assert argv[argv.index("--info-fd") + 1] == "7"
+    assert argv[argv.index("--block-fd") + 1] == "8"
+
+
+def test_real_directories_are_bound_not_linked() -> None:
+    argv = build_argv(_plan(system_links=(("lib64", None),)))
+    i = argv.index("/lib64")
+    assert argv[i - 1 : i + 2] == ["--ro-bind", "/lib64", "/lib64"]
+
+
+def test_no_host_root_or_secrets_mounted() -> None:
+    argv = build_argv(_plan())
+    sources = [argv[i + 1] for i, a in enumerate(argv) if a in ("--bind", "--ro-bind")]
+    assert "/" not in sources
+    assert not any(
+        s.startswith(("/root", "/home", "/etc/shadow", "/var/run", "/run/user")) for s in sources
+    )
