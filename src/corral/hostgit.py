@@ -1,0 +1,284 @@
+"""Git on agent workspaces, from the host, without running anything they planted (M6).
+
+A workspace is hostile: its `.git/config` may set `core.fsmonitor`,
+`diff.external`, `filter.*.clean`, `core.sshCommand`, a pager; its
+`.git/hooks` may hold scripts; `.gitattributes` may name drivers. Corral
+therefore never uses the workspace's own repository. It keeps a *trusted*
+git directory outside the workspace (`GIT_DIR`), points `GIT_WORK_TREE` at
+the workspace, and runs git with
+
+* no system, global or XDG config (`GIT_CONFIG_NOSYSTEM`, `GIT_CONFIG_GLOBAL=/dev/null`,
+  a `HOME` with nothing in it) and no inherited `GIT_*` variable;
+* command-running settings forced off on the command line (`core.hooksPath=/dev/null`,
+  `core.fsmonitor=false`, `core.pager=cat`, `core.sshCommand=false`,
+  `credential.helper=`, `protocol.allow=never`), and `--no-ext-diff --no-textconv`
+  added to every diffing subcommand (diff.external can only be unset that way);
+* a trusted config that defines no filter, diff or merge driver, so attributes in
+  the work tree that name one have nothing to run.
+
+The workspace's own `.git` directory is never read as a repository: git skips
+any path component named `.git` when it walks the work tree.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import stat
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from corral.errors import CorralError
+
+__all__ = ["GitError", "TrustedRepo", "hardened_env", "safe_git"]
+
+_FORCED_CONFIG: tuple[tuple[str, str], ...] = (
+    ("core.hooksPath", "/dev/null"),
+    ("core.fsmonitor", "false"),
+    ("core.untrackedCache", "false"),
+    ("core.pager", "cat"),
+    ("core.sshCommand", "false"),
+    ("core.askPass", ""),
+    ("core.editor", "false"),
+    ("core.attributesFile", "/dev/null"),
+    ("core.excludesFile", "/dev/null"),
+    ("credential.helper", ""),
+    ("protocol.allow", "never"),
+    ("submodule.recurse", "false"),
+    ("gc.auto", "0"),
+    ("maintenance.auto", "false"),
+    ("commit.gpgSign", "false"),
+    ("tag.gpgSign", "false"),
+    ("user.name", "corral"),
+    ("user.email", "corral@localhost"),
+    ("init.defaultBranch", "main"),
+    ("safe.directory", "*"),
+)
+
+
+#: Subcommands that can run external diff or textconv drivers.
+_DIFFING = frozenset({"diff", "log", "show", "format-patch", "whatchanged"})
+
+
+class GitError(CorralError, RuntimeError):
+    """A git command on a workspace failed."""
+
+
+def hardened_env(empty_home: str) -> dict[str, str]:
+    """The environment git runs in: nothing from the caller that configures git."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("GIT_")
+        and k
+        not in ("XDG_CONFIG_HOME", "PAGER", "EDITOR", "VISUAL", "SSH_ASKPASS", "LESS", "LESSOPEN")
+    }
+    env.update(
+        {
+            "HOME": empty_home,
+            "XDG_CONFIG_HOME": os.path.join(empty_home, ".config"),
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_CONFIG_GLOBAL": "/dev/null",
+            "GIT_ATTR_NOSYSTEM": "1",
+            "GIT_TERMINAL_PROMPT": "0",
+            "GIT_OPTIONAL_LOCKS": "0",
+            "GIT_PAGER": "cat",
+            "GIT_EDITOR": "false",
+            "GIT_NO_REPLACE_OBJECTS": "1",
+            "LC_ALL": "C",
+        }
+    )
+    return env
+
+
+def _config_args() -> list[str]:
+    out: list[str] = []
+    for key, value in _FORCED_CONFIG:
+        out += ["-c", f"{key}={value}"]
+    return out
+
+
+def safe_git(
+    git_dir: str | Path,
+    work_tree: str | Path,
+    args: Sequence[str],
+    *,
+    input_bytes: bytes | None = None,
+    timeout: float = 120,
+    index_file: str | None = None,
+) -> bytes:
+    """Run `git ARGS` with the trusted `git_dir` over `work_tree`; return stdout.
+
+    Raises GitError with git's stderr when it fails.
+    """
+    git = shutil.which("git")
+    if git is None:
+        raise GitError("git is not installed")
+    with tempfile.TemporaryDirectory(prefix="corral-git-home-") as home:
+        env = hardened_env(home)
+        env["GIT_DIR"] = str(git_dir)
+        env["GIT_WORK_TREE"] = str(work_tree)
+        if index_file is not None:
+            env["GIT_INDEX_FILE"] = index_file
+        args = list(args)
+        if args and args[0] in _DIFFING and "--no-ext-diff" not in args:
+            args[1:1] = ["--no-ext-diff", "--no-textconv"]
+        argv = [git, *_config_args(), *args]
+        try:
+            proc = subprocess.run(
+                argv,
+                env=env,
+                cwd=str(work_tree),
+                input=input_bytes,
+                capture_output=True,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise GitError(f"git {' '.join(args[:2])} timed out after {timeout}s") from exc
+    if proc.returncode != 0:
+        raise GitError(
+            f"git {' '.join(args[:3])} failed: {proc.stderr.decode(errors='replace').strip()}"
+        )
+    return proc.stdout
+
+
+@dataclass(frozen=True)
+class TrustedRepo:
+    """Corral's own repository of a workspace: `git_dir` outside it, `work_tree` the workspace."""
+
+    git_dir: Path
+    work_tree: Path
+
+    def git(self, *args: str, input_bytes: bytes | None = None) -> bytes:
+        return safe_git(self.git_dir, self.work_tree, args, input_bytes=input_bytes)
+
+    def init(self) -> None:
+        if (self.git_dir / "HEAD").exists():
+            return
+        self.git_dir.mkdir(parents=True, exist_ok=True)
+        self.git("init", "--quiet")
+        # Drop git's sample hooks: nothing in the trusted directory should be executable.
+        shutil.rmtree(self.git_dir / "hooks", ignore_errors=True)
+
+    def commit_all(self, message: str) -> str:
+        """Record every file of the work tree as a new commit; returns its id.
+
+        Built with plumbing from corral's own walk of the tree rather than
+        `git add`: git never scans the work tree (no fsmonitor, attributes or
+        filters), files inside nested repositories are recorded as files,
+        and `.git` directories at any depth are left out.
+        """
+        entries: list[tuple[str, str, str]] = []  # (mode, sha, path)
+        regular: list[tuple[str, str]] = []  # (mode, path)
+        root = str(self.work_tree)
+        for dirpath, dirnames, filenames in os.walk(root):
+            # os.walk lists symlinks to directories among dirnames; they are
+            # recorded as links, never followed.
+            links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+            dirnames[:] = sorted(d for d in dirnames if d != ".git" and d not in links)
+            for name in sorted(filenames + [d for d in links if d != ".git"]):
+                full = os.path.join(dirpath, name)
+                rel = os.path.relpath(full, root)
+                st = os.lstat(full)
+                if stat.S_ISLNK(st.st_mode):
+                    sha = (
+                        self.git(
+                            "hash-object",
+                            "-w",
+                            "--stdin",
+                            input_bytes=os.fsencode(os.readlink(full)),
+                        )
+                        .decode()
+                        .strip()
+                    )
+                    entries.append(("120000", sha, rel))
+                elif stat.S_ISREG(st.st_mode):
+                    regular.append(("100755" if st.st_mode & 0o111 else "100644", rel))
+        plain = [(m, p) for m, p in regular if "\n" not in p]
+        if plain:
+            shas = (
+                self.git(
+                    "hash-object",
+                    "-w",
+                    "--no-filters",
+                    "--stdin-paths",
+                    input_bytes="".join(p + "\n" for _, p in plain).encode(),
+                )
+                .decode()
+                .split()
+            )
+            entries += [(m, s, p) for (m, p), s in zip(plain, shas, strict=True)]
+        for mode, rel in regular:
+            if "\n" in rel:
+                data = Path(root, rel).read_bytes()
+                sha = (
+                    self.git("hash-object", "-w", "--no-filters", "--stdin", input_bytes=data)
+                    .decode()
+                    .strip()
+                )
+                entries.append((mode, sha, rel))
+        with tempfile.TemporaryDirectory(prefix="corral-index-") as tmp:
+            index = os.path.join(tmp, "index")
+            info = b"".join(f"{m} {s}\t{p}".encode() + b"\0" for m, s, p in entries)
+            safe_git(
+                self.git_dir,
+                self.work_tree,
+                ["update-index", "--add", "-z", "--index-info"],
+                input_bytes=info,
+                index_file=index,
+            )
+            tree = (
+                safe_git(self.git_dir, self.work_tree, ["write-tree"], index_file=index)
+                .decode()
+                .strip()
+            )
+        parent = self._head_or_none()
+        args = ["commit-tree", tree, "-m", message] + (["-p", parent] if parent else [])
+        commit = self.git(*args).decode().strip()
+        self.git("update-ref", "HEAD", commit)
+        return commit
+
+    def _head_or_none(self) -> str | None:
+        try:
+            return self.head()
+        except GitError:
+            return None
+
+    def head(self) -> str:
+        return self.git("rev-parse", "--verify", "--quiet", "HEAD").decode().strip()
+
+    def diff_stat(self, base: str, head: str = "HEAD") -> str:
+        return self.git("diff", "--no-ext-diff", "--no-textconv", "--stat", base, head).decode()
+
+    def log(self, max_count: int = 20) -> list[str]:
+        out = self.git("log", f"--max-count={max_count}", "--format=%H %s").decode()
+        return [line for line in out.splitlines() if line]
+
+    def snapshot(self, commit: str, dest: Path) -> list[str]:
+        """Write the tree of `commit` into `dest` (a new directory), with no links out of it.
+
+        `git archive` produces the tar (no work-tree filters run: the trusted
+        config defines none); extraction uses tarfile's `data` filter, which
+        refuses absolute paths, `..`, links pointing outside and device files.
+        Refused members are skipped, not fatal; their names are returned.
+        """
+        data = self.git("archive", "--format=tar", commit)
+        dest.mkdir(parents=True, exist_ok=False)
+        skipped: list[str] = []
+
+        def only_safe(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
+            try:
+                return tarfile.data_filter(member, path)
+            except tarfile.FilterError:
+                skipped.append(member.name)
+                return None
+
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            tar.extractall(dest, filter=only_safe)
+        return skipped
