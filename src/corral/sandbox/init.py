@@ -1,8 +1,9 @@
 """The sandbox's init: runs inside the sandbox, before the user's command.
 
-Started by bubblewrap as `/usr/bin/python3 -I -S /run/corral/init.py CONFIG
--- ARGV...`; standard library only (no site-packages exist in there) and few
-imports, because it is on every sandbox's start-up path. It
+Started by bubblewrap as `/usr/bin/python3 -I -S /run/corral/init.py
+STATUS_FD LANDLOCK_JSON|- -- ARGV...`; standard library only (no
+site-packages exist in there) and as few imports as possible (not even
+`json`: each import is paid on every sandbox's start-up). It
 
 1. applies Landlock (rules from CONFIG), failing closed: if Landlock was
    required and cannot be applied, the command never runs (exit 125);
@@ -15,21 +16,36 @@ imports, because it is on every sandbox's start-up path. It
    cgroup to be sure.
 """
 
-import json
 import os
 import signal
 import sys
 
-STATUS_FD_DEFAULT = -1
 EXIT_REFUSED = 125
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
 
 
+def _jvalue(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    text = str(value)
+    out = []
+    for ch in text:
+        if ch in '"\\' or ord(ch) < 0x20 or ord(ch) > 0x7E:
+            out.append(f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else "?")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
 def _report(fd: int, event: dict[str, object]) -> None:
+    """Write one JSON object as a line on the status fd (hand-encoded: ASCII, flat)."""
     if fd < 0:
         return
-    data = (json.dumps(event) + "\n").encode()
+    body = ", ".join(f"{_jvalue(k)}: {_jvalue(v)}" for k, v in event.items())
+    data = ("{" + body + "}\n").encode()
     try:
         os.write(fd, data)
     except OSError:
@@ -58,23 +74,22 @@ def _count_others() -> int:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 3 or argv[1] != "--":
-        sys.stderr.write("corral-init: usage: init.py CONFIG -- ARGV...\n")
+    if len(argv) < 4 or argv[2] != "--":
+        sys.stderr.write("corral-init: usage: init.py STATUS_FD LANDLOCK_JSON|- -- ARGV...\n")
         return EXIT_REFUSED
-    cfg = json.loads(argv[0])
-    cmd = argv[2:]
-    status_fd = int(cfg.get("status_fd", STATUS_FD_DEFAULT))
+    status_fd = int(argv[0])
+    rules = None if argv[1] == "-" else argv[1]
+    cmd = argv[3:]
     if status_fd >= 0:
         # The user's command must not inherit the channel to the host.
         os.set_inheritable(status_fd, False)
 
-    rules = cfg.get("landlock")
     if rules is not None:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         try:
             import landlock  # type: ignore[import-not-found]  # loaded from INIT_DIR
 
-            abi = landlock.apply(landlock.LandlockRules.from_json(json.dumps(rules)))
+            abi = landlock.apply(landlock.LandlockRules.from_json(rules))
         except Exception as exc:  # fail closed on any error
             msg = f"Landlock could not be applied: {exc}"
             _report(

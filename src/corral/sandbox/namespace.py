@@ -330,10 +330,7 @@ class NamespaceSandbox:
             else:
                 staged = [bw.StagedBind(p, p, w) for p, w in binds]
 
-            init_cfg = {
-                "status_fd": status_w,
-                "landlock": landlock_rules_for(spec) if use_landlock else None,
-            }
+            rules_json = json.dumps(landlock_rules_for(spec)) if use_landlock else "-"
             plan = bw.BwrapPlan(
                 bwrap=bwrap_path,
                 spec=spec,
@@ -346,7 +343,8 @@ class NamespaceSandbox:
                     "-I",
                     "-S",
                     f"{bw.INIT_DIR}/init.py",
-                    json.dumps(init_cfg),
+                    str(status_w),
+                    rules_json,
                     "--",
                     *spec.argv,
                 ),
@@ -665,7 +663,8 @@ def preview_argv(spec: SandboxSpec, *, root: bool | None = None) -> list[str]:
             "-I",
             "-S",
             f"{bw.INIT_DIR}/init.py",
-            json.dumps({"status_fd": 3, "landlock": landlock_rules_for(spec)}),
+            "3",
+            json.dumps(landlock_rules_for(spec)),
             "--",
             *spec.argv,
         ),
