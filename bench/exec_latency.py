@@ -22,13 +22,23 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _timed(argv: list[str], runs: int, env: dict[str, str] | None = None,
-           preexec: Callable[[], None] | None = None) -> list[float]:
+def _timed(
+    argv: list[str],
+    runs: int,
+    env: dict[str, str] | None = None,
+    preexec: Callable[[], None] | None = None,
+) -> list[float]:
     out: list[float] = []
     for _ in range(runs):
         t0 = time.perf_counter()
-        proc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
-                              check=False, preexec_fn=preexec)  # noqa: PLW1509 - single-threaded
+        proc = subprocess.run(
+            argv,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+            check=False,
+            preexec_fn=preexec,
+        )
         out.append(time.perf_counter() - t0)
         if proc.returncode != 0:
             raise SystemExit(f"{argv[0]} failed ({proc.returncode}): {proc.stderr.decode()[-500:]}")
@@ -37,13 +47,37 @@ def _timed(argv: list[str], runs: int, env: dict[str, str] | None = None,
 
 def _bare_bwrap(ws: str) -> list[str]:
     """bwrap with the same namespaces and mounts as corral, no cgroup, seccomp, Landlock or init."""
-    argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr"]
+    argv = [
+        "bwrap",
+        "--unshare-all",
+        "--die-with-parent",
+        "--new-session",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+    ]
     for name in ("bin", "sbin", "lib", "lib64"):
         p = f"/{name}"
         if os.path.islink(p):
             argv += ["--symlink", os.readlink(p), p]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/home", "--tmpfs", "/run",
-             "--bind", ws, ws, "--chdir", ws, "true"]
+    argv += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+        "--tmpfs",
+        "/home",
+        "--tmpfs",
+        "/run",
+        "--bind",
+        ws,
+        ws,
+        "--chdir",
+        ws,
+        "true",
+    ]
     return argv
 
 
@@ -75,20 +109,27 @@ def main() -> int:
         print(f"runs per command: {args.runs}", flush=True)
         results["bare bwrap"] = _timed(_bare_bwrap(ws), args.runs)
         if os.geteuid() == 0:
-            results["bare bwrap (uid 64000)"] = _timed(_bare_bwrap(ws), args.runs, preexec=_drop_to(64000))
-        results["corral exec -- true"] = _timed([*corral, "--workspace", ws, "--", "true"], args.runs)
+            results["bare bwrap (uid 64000)"] = _timed(
+                _bare_bwrap(ws), args.runs, preexec=_drop_to(64000)
+            )
+        results["corral exec -- true"] = _timed(
+            [*corral, "--workspace", ws, "--", "true"], args.runs
+        )
         srt = shutil.which("srt") or str(REPO / "tools/srt/node_modules/.bin/srt")
         if os.access(srt, os.X_OK):
             results["srt -c true"] = _timed([srt, "-c", "true"], max(5, args.runs // 3))
         else:
-            print("srt: not installed (npm install --prefix tools/srt @anthropic-ai/sandbox-runtime)")
+            print(
+                "srt: not installed (npm install --prefix tools/srt @anthropic-ai/sandbox-runtime)"
+            )
     for name, xs in results.items():
         print(f"{name:28s} {_fmt(xs)}")
     med = {k: statistics.median(v) for k, v in results.items()}
     c = med["corral exec -- true"]
     print(f"ratio corral / bare bwrap:            {c / med['bare bwrap']:.2f}x  (target <= 3x)")
     if "srt -c true" in med:
-        print(f"ratio corral / srt:                   {c / med['srt -c true']:.2f}x  (target <= 0.15x)")
+        ratio = c / med["srt -c true"]
+        print(f"ratio corral / srt:                   {ratio:.2f}x  (target <= 0.15x)")
     print(f"corral median:                        {c * 1000:.1f} ms (target <= 30 ms)")
     return 0
 

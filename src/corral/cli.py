@@ -23,6 +23,8 @@ _AREAS: tuple[str, ...] = (
     "corral.broker.cli",
     "corral.provider.cli",
     "corral.verify.cli",
+    "corral.run.cli",
+    "corral.agents.cli",
 )
 
 

@@ -72,6 +72,19 @@ def _parser() -> _Parser:
     p.add_argument("--rw", action="append", default=[], metavar="PATH", help="extra writable path")
     p.add_argument("--backend", default="namespace", choices=["namespace", "microvm"])
     p.add_argument("--journal", default=None, metavar="FILE", help="journal SQLite file")
+    p.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="corral.toml with broker routes/rules (never read from the workspace)",
+    )
+    p.add_argument(
+        "--setenv",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra environment variable for the command",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON summary on stderr at the end")
     p.add_argument(
         "--allow-degraded",
@@ -170,17 +183,82 @@ def build_spec(ns: argparse.Namespace, cmd: list[str], caller_env: dict[str, str
         timeout_s=parse_duration(ns.timeout) if ns.timeout is not None else None,
     )
     spec_home = "/home/corral"
+    extra = _setenv(ns.setenv)
+    config_json = broker_config_json(ns.allow, ns.config, workspace)
+    if config_json is not None:
+        from corral.sandbox.egress import sandbox_proxy_env
+
+        extra = {**sandbox_proxy_env(), **extra}
     return SandboxSpec(
         argv=tuple(cmd),
         workspace=workspace,
-        env=tuple(sorted(sandbox_env(spec_home, caller_env).items())),
+        env=tuple(sorted(sandbox_env(spec_home, caller_env, extra).items())),
         binds=tuple(binds),
         limits=limits,
-        network=NetworkSpec(allow=tuple(ns.allow)),
+        network=NetworkSpec(allow=tuple(ns.allow), broker_config=config_json),
         env_kind=ns.env_kind,
         home=spec_home,
         allow_degraded=frozenset(ns.allow_degraded),
     )
+
+
+def _setenv(items: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if (
+            not sep
+            or not name
+            or not (name[0].isalpha() or name[0] == "_")
+            or not all(c.isalnum() or c == "_" for c in name)
+        ):
+            raise UsageError(f"--setenv takes NAME=VALUE, not {item!r}")
+        out[name] = value
+    return out
+
+
+def broker_config_json(allow: list[str], config_path: str | None, workspace: str) -> str | None:
+    """The broker configuration from `--allow` flags and a corral.toml, or None for no egress.
+
+    The config file may not live in the workspace: the sandbox can write
+    there, and must not be able to grant itself egress for a later run.
+    """
+    doc: dict[str, object] = {}
+    if config_path is not None:
+        real = os.path.realpath(config_path)
+        if not os.path.isfile(real):
+            raise UsageError(f"--config {config_path} is not a file")
+        if _within(real, workspace):
+            raise UsageError(
+                f"--config {config_path} is inside the workspace, which the sandbox can write"
+            )
+        import tomllib
+
+        try:
+            with open(real, "rb") as fh:
+                doc = tomllib.load(fh)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise UsageError(f"--config {config_path}: {exc}") from exc
+    if not allow and not doc:
+        return None
+    from corral.broker.config import BrokerConfig
+    from corral.errors import ConfigError
+
+    extra_allow = doc.pop("allow", [])
+    if not isinstance(extra_allow, list):
+        raise UsageError(f"--config {config_path}: 'allow' must be a list of HOST[:PORT]")
+    try:
+        base = BrokerConfig.from_allow_flags([*allow, *map(str, extra_allow)]).model_dump()
+        rules = doc.pop("rules", [])
+        if not isinstance(rules, list):
+            raise UsageError(f"--config {config_path}: 'rules' must be an array of tables")
+        merged = {**base, **doc, "rules": [*base["rules"], *rules]}
+        return BrokerConfig.model_validate(merged).to_json()
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from exc
+    except ValueError as exc:
+        first = str(exc).splitlines()
+        raise UsageError(f"invalid broker configuration: {' '.join(first[:3])}") from exc
 
 
 def _parse_pids(text: str) -> int:

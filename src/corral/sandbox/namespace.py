@@ -61,6 +61,17 @@ SANDBOX_HOST_GID = 64000
 INSIDE_UID = 1000
 INIT_PYTHON = "/usr/bin/python3"
 _SUPPORT_PROCESSES = 3
+_WRITABLE_DEV = (
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+    "/dev/ptmx",
+    "/dev/pts",
+    "/dev/shm",
+)
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -107,8 +118,10 @@ def cache_dir() -> str:
 
 def landlock_rules_for(spec: SandboxSpec) -> dict[str, object]:
     """The Landlock rule set the init applies, as its JSON-ready dict."""
-    ro = ["/usr", "/etc", bw.INIT_DIR]
-    rw = [spec.workspace, "/tmp", "/var/tmp", spec.home, "/dev", "/proc"]
+    # /dev itself is read-only so nothing can be created in bwrap's device
+    # tmpfs; only the device nodes and the shm/pts directories are writable.
+    ro = ["/usr", "/etc", bw.INIT_DIR, "/dev"]
+    rw = [spec.workspace, "/tmp", "/var/tmp", spec.home, *_WRITABLE_DEV, "/proc"]
     for b in spec.binds:
         (rw if b.writable else ro).append(b.path)
     return {

@@ -47,13 +47,19 @@ class Limits:
 
 @dataclass(frozen=True, slots=True)
 class NetworkSpec:
-    """Egress: nothing at all unless `allow` names destinations for the broker."""
+    """Egress: nothing at all unless a broker configuration is given.
+
+    `broker_config` is a BrokerConfig JSON document (allow rules, routes);
+    kept as text so this module stays free of pydantic. `allow` records the
+    `--allow` flags it was built from, for reports.
+    """
 
     allow: tuple[str, ...] = ()
+    broker_config: str | None = None
 
     @property
     def needs_broker(self) -> bool:
-        return bool(self.allow)
+        return self.broker_config is not None
 
 
 @dataclass(frozen=True, slots=True)

@@ -114,6 +114,7 @@ class _SecretHandler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def host_http() -> Iterator[tuple[int, str, list[str]]]:
     secret = f"HTTP-CANARY-{secrets.token_hex(8)}"
+
     class handler(_SecretHandler):
         hits: ClassVar[list[str]] = []
 
@@ -198,3 +199,16 @@ def test_only_loopback_interface(corral_exec: ExecFn) -> None:
     out = corral_exec("cat", "/proc/net/dev")
     ifaces = {line.split(":")[0].strip() for line in out.stdout.splitlines() if ":" in line}
     assert ifaces == {"lo"}
+
+
+def test_no_new_files_in_dev(corral_exec: ExecFn) -> None:
+    """A sandbox cannot plant files in /dev (e.g. a fake /dev/kmsg); devices still work."""
+    out = corral_exec(
+        "sh",
+        "-c",
+        "echo x > /dev/kmsg && echo PLANTED; echo ok > /dev/null && echo null-ok; "
+        "echo shm > /dev/shm/f && cat /dev/shm/f",
+    )
+    assert "PLANTED" not in out.stdout
+    assert "null-ok" in out.stdout
+    assert "shm" in out.stdout

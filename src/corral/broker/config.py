@@ -1,0 +1,387 @@
+"""The broker's configuration: one JSON document, validated by `BrokerConfig` (pure).
+
+The launcher builds a `BrokerConfig`, serialises it with `to_json()` and hands
+it to `python -m corral.broker serve --config FILE|-`. The document holds no
+secret: a route's injected header names a source (`env:NAME` in the broker's
+own environment, or `file:/path`), read by the broker when it starts.
+
+Rules admit destinations by host (exact name, `*.suffix`, IP literal or CIDR),
+port, and optionally method and path prefix. Deny rules win over allow rules;
+an action no allow rule matches is denied. A rule restricted by method or
+path never admits a CONNECT tunnel, whose requests the broker cannot see.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from corral.broker.hosts import canonical_host
+from corral.broker.wire import parse_authority
+from corral.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_STRIP_HEADERS",
+    "BrokerConfig",
+    "FileRuleConfig",
+    "LimitsConfig",
+    "McpRuleConfig",
+    "RouteConfig",
+    "RuleConfig",
+    "TlsConfig",
+    "canonical_rule_host",
+    "parse_secret_ref",
+]
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+_ROUTE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+# Headers a sandboxed client might use to carry a credential of its own; a
+# route removes them so only the broker's injected credential goes upstream.
+DEFAULT_STRIP_HEADERS: tuple[str, ...] = (
+    "authorization",
+    "proxy-authorization",
+    "x-api-key",
+    "api-key",
+    "x-goog-api-key",
+    "cookie",
+)
+
+
+def canonical_rule_host(raw: str) -> str:
+    """Canonical form of a rule's host: a name, `*.suffix`, an IP literal or a CIDR.
+
+    Raises ValueError for anything else (a bare `*` is refused: allowing every
+    host is not a rule, it is the absence of a broker).
+    """
+    text = raw.strip()
+    if text.startswith("*."):
+        suffix = canonical_host(text[2:])
+        if _is_ip(suffix):
+            raise ValueError(f"wildcards apply to names, not addresses: {raw!r}")
+        return "*." + suffix
+    if "*" in text:
+        raise ValueError(f"only a leading '*.' wildcard is supported: {raw!r}")
+    if "/" in text:
+        try:
+            return str(ipaddress.ip_network(text.strip("[]"), strict=True))
+        except ValueError as exc:
+            raise ValueError(f"invalid network {raw!r}: {exc}") from None
+    return canonical_host(text)
+
+
+def _parse_allow_flag(flag: str) -> tuple[str, tuple[int, ...]]:
+    text = flag.strip()
+    port_text = ""
+    if text.startswith("["):
+        inner, sep, rest = text[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise ValueError("malformed bracketed IPv6 address")
+        host, port_text = inner, rest[1:]
+    elif text.count(":") >= 2:
+        host = text
+    else:
+        host, _, port_text = text.partition(":")
+    if port_text and not (port_text.isdigit() and 1 <= int(port_text) <= 65535):
+        raise ValueError(f"invalid port {port_text!r}")
+    return canonical_rule_host(host), (int(port_text),) if port_text else (80, 443)
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _methods(value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    out = tuple(m.upper() for m in value)
+    for m in out:
+        if not _TOKEN.match(m):
+            raise ValueError(f"invalid method {m!r}")
+    if not out:
+        raise ValueError("methods, when given, must not be empty")
+    return out
+
+
+def _prefixes(value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not value:
+        raise ValueError("path_prefixes, when given, must not be empty")
+    for p in value:
+        if not p.startswith("/") or "?" in p or "#" in p:
+            raise ValueError(f"a path prefix starts with '/' and has no query: {p!r}")
+    return tuple(value)
+
+
+class RuleConfig(BaseModel):
+    """One destination rule."""
+
+    model_config = _FROZEN
+
+    id: str = Field(default="", description="journaled as the deciding rule; derived if empty")
+    effect: Literal["allow", "deny"] = "allow"
+    host: str
+    ports: tuple[int, ...] = (80, 443)
+    methods: tuple[str, ...] | None = None
+    path_prefixes: tuple[str, ...] | None = None
+    allow_private: bool = False
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        return canonical_rule_host(value)
+
+    @field_validator("ports")
+    @classmethod
+    def _ports(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value or any(not 1 <= p <= 65535 for p in value):
+            raise ValueError("ports must be a non-empty list of 1..65535")
+        return value
+
+    @field_validator("methods")
+    @classmethod
+    def _m(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return _methods(value)
+
+    @field_validator("path_prefixes")
+    @classmethod
+    def _p(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return _prefixes(value)
+
+    @model_validator(mode="after")
+    def _derive_id(self) -> Self:
+        if not self.id:
+            ports = ",".join(str(p) for p in self.ports)
+            object.__setattr__(self, "id", f"{self.effect}:{self.host}:{ports}")
+        return self
+
+
+class RouteConfig(BaseModel):
+    """A named upstream reached at `/routes/<name>/...` with injected credentials.
+
+    `inject_header` maps a header name to a secret source: `env:NAME` (the
+    broker's environment) or `file:/absolute/path` (first line, stripped).
+    """
+
+    model_config = _FROZEN
+
+    upstream: str
+    inject_header: dict[str, str] = Field(default_factory=dict)
+    strip_headers: tuple[str, ...] = DEFAULT_STRIP_HEADERS
+    allow_private: bool = False
+    methods: tuple[str, ...] | None = None
+    path_prefixes: tuple[str, ...] | None = None
+
+    @field_validator("upstream")
+    @classmethod
+    def _upstream(cls, value: str) -> str:
+        m = re.match(r"^(https?)://([^/?#@]+)(/[^?#]*)?$", value)
+        if m is None:
+            raise ValueError(f"upstream must be http(s)://host[:port][/path]: {value!r}")
+        scheme, authority, _ = m.groups()
+        parse_authority(authority, 443 if scheme == "https" else 80)
+        return value.rstrip("/")
+
+    @field_validator("inject_header")
+    @classmethod
+    def _inject(cls, value: dict[str, str]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for name, ref in value.items():
+            if not _TOKEN.match(name):
+                raise ValueError(f"invalid header name {name!r}")
+            parse_secret_ref(ref)
+            out[name.lower()] = ref
+        return out
+
+    @field_validator("strip_headers")
+    @classmethod
+    def _strip(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(h.lower() for h in value)
+
+    @field_validator("methods")
+    @classmethod
+    def _m(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return _methods(value)
+
+    @field_validator("path_prefixes")
+    @classmethod
+    def _p(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return _prefixes(value)
+
+
+def parse_secret_ref(ref: str) -> tuple[Literal["env", "file"], str]:
+    """Split `env:NAME` / `file:/path`; raises ValueError for anything else."""
+    source, _, name = ref.partition(":")
+    if source == "env" and re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+        return "env", name
+    if source == "file" and name.startswith("/"):
+        return "file", name
+    raise ValueError(f"a secret is 'env:NAME' or 'file:/absolute/path', not {ref!r}")
+
+
+class McpRuleConfig(BaseModel):
+    """Admits calls to an MCP server's tools (all tools when `tools` is None)."""
+
+    model_config = _FROZEN
+
+    id: str = ""
+    server: str
+    tools: tuple[str, ...] | None = None
+
+    @model_validator(mode="after")
+    def _derive_id(self) -> Self:
+        if not self.id:
+            object.__setattr__(self, "id", f"mcp:{self.server}")
+        return self
+
+
+class FileRuleConfig(BaseModel):
+    """Admits file operations below an absolute path."""
+
+    model_config = _FROZEN
+
+    id: str = ""
+    path: str
+    ops: tuple[Literal["read", "write", "create", "delete", "exec", "list"], ...] = ("read",)
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"file rule paths are absolute: {value!r}")
+        return value.rstrip("/") or "/"
+
+    @model_validator(mode="after")
+    def _derive_id(self) -> Self:
+        if not self.id:
+            object.__setattr__(self, "id", f"file:{self.path}")
+        return self
+
+
+class TlsConfig(BaseModel):
+    """How the broker verifies route upstreams it speaks TLS to."""
+
+    model_config = _FROZEN
+
+    verify: bool = True
+    ca_bundle: str | None = None
+
+
+class LimitsConfig(BaseModel):
+    """Bounds on what one client connection may hold (seconds, bytes)."""
+
+    model_config = _FROZEN
+
+    max_header_bytes: int = Field(default=65536, ge=1024)
+    idle_timeout_s: float = Field(default=60.0, gt=0)
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    body_timeout_s: float = Field(default=120.0, gt=0)
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    resolve_timeout_s: float = Field(default=5.0, gt=0)
+    upstream_timeout_s: float = Field(default=600.0, gt=0)
+    tunnel_idle_timeout_s: float | None = None
+    max_connections: int = Field(default=512, ge=1)
+    sni_check: bool = True
+
+
+class BrokerConfig(BaseModel):
+    """Everything `corral.broker serve` needs besides identity and sockets."""
+
+    model_config = _FROZEN
+
+    version: Literal[1] = 1
+    rules: tuple[RuleConfig, ...] = ()
+    routes: dict[str, RouteConfig] = Field(default_factory=dict)
+    mcp: tuple[McpRuleConfig, ...] = ()
+    files: tuple[FileRuleConfig, ...] = ()
+    resolver_overrides: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    system_dns: bool = True
+    upstream_tls: TlsConfig = TlsConfig()
+    limits: LimitsConfig = LimitsConfig()
+    hooks: tuple[str, ...] = Field(default=(), description="'module:function' policy hooks")
+    journal_synchronous: Literal["normal", "full"] = "normal"
+
+    @field_validator("routes")
+    @classmethod
+    def _routes(cls, value: dict[str, RouteConfig]) -> dict[str, RouteConfig]:
+        for name in value:
+            if not _ROUTE_NAME.match(name):
+                raise ValueError(f"invalid route name {name!r}")
+        return value
+
+    @field_validator("resolver_overrides", mode="before")
+    @classmethod
+    def _overrides(cls, value: object) -> object:
+        if not isinstance(value, dict):
+            return value
+        out: dict[str, tuple[str, ...]] = {}
+        for name, addrs in value.items():
+            listed = (addrs,) if isinstance(addrs, str) else tuple(addrs)
+            out[canonical_host(str(name))] = tuple(str(ipaddress.ip_address(a)) for a in listed)
+        return out
+
+    @field_validator("hooks")
+    @classmethod
+    def _hooks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for ref in value:
+            if not re.match(r"^[\w.]+:\w+$", ref):
+                raise ValueError(f"a hook is 'module:function', not {ref!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> Self:
+        ids = [r.id for r in self.rules]
+        dupes = {i for i in ids if ids.count(i) > 1}
+        if dupes:
+            raise ValueError(f"duplicate rule ids: {sorted(dupes)}")
+        return self
+
+    @classmethod
+    def from_allow_flags(cls, flags: Iterable[str]) -> BrokerConfig:
+        """Rules for `corral exec --allow HOST[:PORT]` (other fields at their defaults).
+
+        No port means 80 and 443. `*.suffix` is accepted. An IP literal
+        (`10.0.0.5`, `[::1]:8080`) is an explicit destination and so may be
+        private; a name never may. Raises ConfigError on a malformed flag.
+        Use `model_copy(update=...)` to add routes or resolver overrides.
+        """
+        rules: list[RuleConfig] = []
+        for flag in dict.fromkeys(flags):
+            try:
+                host, ports = _parse_allow_flag(flag)
+                rules.append(
+                    RuleConfig(
+                        id=f"allow:{flag}",
+                        host=host,
+                        ports=ports,
+                        allow_private=_is_ip(host),
+                    )
+                )
+            except ValueError as exc:
+                raise ConfigError(f"--allow {flag!r}: {exc}") from exc
+        try:
+            return cls(rules=tuple(rules))
+        except ValueError as exc:
+            raise ConfigError(f"invalid broker configuration: {exc}") from exc
+
+    def to_json(self) -> str:
+        """The document `serve --config` reads."""
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> BrokerConfig:
+        """Parse and validate; raises ConfigError."""
+        try:
+            return cls.model_validate_json(text)
+        except ValueError as exc:
+            raise ConfigError(f"invalid broker configuration: {exc}") from exc

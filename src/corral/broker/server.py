@@ -1,0 +1,295 @@
+"""The broker process: sockets, secrets, journal, signals (the I/O shell).
+
+`serve(options)` returns the process exit status:
+
+- 0 after SIGTERM/SIGINT: listeners closed, connections cut, journal flushed;
+- 1 when the broker cannot start (journal unwritable, a socket unusable), or
+  when a listener fails while serving (after the same clean shutdown);
+- 2 when the configuration is rejected (bad rule, missing secret, bad hook).
+
+Before reporting ready it commits a `process_event`/`broker_start` row, so a
+ready broker has a working journal. Listening sockets are owned by this
+process only when the launcher closed its own copies; then the broker's
+death (SIGKILL included) closes them and every tunnel it carried, and the
+sandbox has no way out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import hashlib
+import importlib
+import json
+import os
+import signal
+import socket
+import ssl
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corral.broker.actions import Identity, Observation, ProcessEvent
+from corral.broker.config import BrokerConfig, parse_secret_ref
+from corral.broker.journal import GroupCommitJournal, Journal
+from corral.broker.policy import Hook, Policy
+from corral.broker.proxy import BrokerState, ProxyServer, RouteSecrets
+from corral.broker.resolver import Resolver
+from corral.errors import BrokerError, ConfigError, CorralError, UsageError
+
+__all__ = ["ServeOptions", "load_route_secrets", "serve"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What `python -m corral.broker serve` was asked to do."""
+
+    config: BrokerConfig
+    journal: Path
+    identity: Identity = field(default_factory=Identity)
+    listen_fds: tuple[int, ...] = ()
+    listen: tuple[str, ...] = ()
+    listen_unix: tuple[str, ...] = ()
+    ready_fd: int | None = None
+    parent_pid: int | None = None
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+
+
+def load_route_secrets(config: BrokerConfig, environ: Mapping[str, str]) -> dict[str, RouteSecrets]:
+    """Read each route's injected credentials; ConfigError names a missing one."""
+    out: dict[str, RouteSecrets] = {}
+    for name, route in config.routes.items():
+        inject: list[tuple[bytes, bytes]] = []
+        for header, ref in route.inject_header.items():
+            source, where = parse_secret_ref(ref)
+            if source == "env":
+                value = environ.get(where)
+                if value is None:
+                    raise ConfigError(
+                        f"route {name}: ${where} is not set in the broker's environment"
+                    )
+            else:
+                try:
+                    with open(where, encoding="utf-8") as fh:
+                        value = fh.readline().strip()
+                except OSError as exc:
+                    raise ConfigError(f"route {name}: cannot read {where}: {exc}") from exc
+            if not value or any(c in value for c in "\r\n\0"):
+                raise ConfigError(
+                    f"route {name}: secret for {header} is empty or not a header value"
+                )
+            inject.append((header.encode("ascii"), value.encode("utf-8")))
+        strip = frozenset(h.encode("ascii") for h in route.strip_headers)
+        out[name] = RouteSecrets(tuple(inject), strip)
+    return out
+
+
+def _load_hooks(refs: Sequence[str]) -> tuple[tuple[str, Hook], ...]:
+    hooks: list[tuple[str, Hook]] = []
+    for ref in refs:
+        module, _, attr = ref.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"cannot load policy hook {ref}: {exc}") from exc
+        if not callable(fn):
+            raise ConfigError(f"policy hook {ref} is not callable")
+        hooks.append((ref, fn))
+    return tuple(hooks)
+
+
+def _tls_context(config: BrokerConfig) -> ssl.SSLContext:
+    tls = config.upstream_tls
+    try:
+        ctx = ssl.create_default_context(cafile=tls.ca_bundle)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load CA bundle {tls.ca_bundle}: {exc}") from exc
+    if not tls.verify:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def _parse_hostport(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise UsageError(f"--listen wants HOST:PORT, not {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def _listeners(options: ServeOptions) -> list[socket.socket]:
+    socks: list[socket.socket] = []
+    try:
+        for fd in options.listen_fds:
+            try:
+                sock = socket.socket(fileno=fd)
+            except OSError as exc:
+                raise BrokerError(f"--listen-fd {fd}: not a socket: {exc}") from exc
+            socks.append(sock)
+            if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                raise BrokerError(f"--listen-fd {fd}: socket is not listening")
+        for text in options.listen:
+            host, port = _parse_hostport(text)
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.listen(512)
+        for path in options.listen_unix:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.bind(path)
+            sock.listen(512)
+    except OSError as exc:
+        for s in socks:
+            s.close()
+        raise BrokerError(f"cannot listen: {exc}") from exc
+    except CorralError:
+        for s in socks:
+            s.close()
+        raise
+    if not socks:
+        for s in socks:
+            s.close()
+        raise UsageError("nothing to listen on: give --listen-fd, --listen or --listen-unix")
+    for s in socks:
+        s.setblocking(False)
+    return socks
+
+
+def _describe(sock: socket.socket) -> dict[str, Any]:
+    name = sock.getsockname()
+    if sock.family == socket.AF_UNIX:
+        return {"fd": sock.fileno(), "family": "unix", "path": name}
+    return {"fd": sock.fileno(), "family": "tcp", "host": name[0], "port": name[1]}
+
+
+def _own_endpoints(socks: Sequence[socket.socket]) -> frozenset[tuple[str, int]]:
+    out: set[tuple[str, int]] = set()
+    for s in socks:
+        if s.family in (socket.AF_INET, socket.AF_INET6):
+            host, port = s.getsockname()[:2]
+            out.add((str(host), int(port)))
+            if host in ("127.0.0.1", "::1", "0.0.0.0", "::"):
+                out.update({("localhost", port), ("127.0.0.1", port), ("::1", port)})
+    return frozenset(out)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        raise BrokerError(f"prctl(PR_SET_PDEATHSIG) failed: errno {ctypes.get_errno()}")
+    # The parent may have died before prctl took effect.
+    if os.getppid() != parent_pid:
+        raise BrokerError(f"parent {parent_pid} is gone")
+
+
+def _write_ready(fd: int | None, payload: dict[str, Any]) -> None:
+    line = ("ready " + json.dumps(payload, separators=(",", ":")) + "\n").encode()
+    if fd is None:
+        sys.stdout.buffer.write(line)
+        sys.stdout.buffer.flush()
+        return
+    view = memoryview(line)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.close(fd)
+
+
+async def _main(options: ServeOptions, state: BrokerState, socks: list[socket.socket]) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    failures: list[BaseException] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    def fatal(exc: BaseException) -> None:
+        print(f"corral broker: listener failed: {exc}", file=sys.stderr)
+        failures.append(exc)
+        stop.set()
+
+    server = ProxyServer(state, fatal)
+    identity = state.identity
+    listen = [_describe(s) for s in socks]
+    start = ProcessEvent(event="broker_start", pid=os.getpid(), name="corral-broker")
+    await state.journal.append(
+        Observation.of(
+            start,
+            identity,
+            decision="observe",
+            rule=None,
+            reason="broker started",
+            detail={
+                "config_sha256": hashlib.sha256(options.config.to_json().encode()).hexdigest(),
+                "listen": listen,
+                "rules": [r.id for r in options.config.rules],
+                "routes": sorted(options.config.routes),
+            },
+        )
+    )
+    server.start(socks)
+    _write_ready(
+        options.ready_fd, {"pid": os.getpid(), "listen": listen, "journal": str(options.journal)}
+    )
+    await stop.wait()
+    await server.stop_accepting()
+    for s in socks:
+        # Refuse new connections at once, before in-flight ones are cut.
+        with contextlib.suppress(OSError):
+            s.shutdown(socket.SHUT_RDWR)
+    await server.aclose()
+    for s in socks:
+        s.close()
+    stop_event = ProcessEvent(event="broker_stop", pid=os.getpid(), name="corral-broker")
+    reason = f"broker stopped: listener failed: {failures[0]}" if failures else "broker stopped"
+    with contextlib.suppress(Exception):
+        await state.journal.append(
+            Observation.of(stop_event, identity, decision="observe", rule=None, reason=reason)
+        )
+    state.journal.flush()
+    return 1 if failures else 0
+
+
+def serve(options: ServeOptions) -> int:
+    """Run the broker until SIGTERM; the exit status (see the module docstring)."""
+    socks: list[socket.socket] = []
+    journal: Journal | None = None
+    try:
+        if options.parent_pid is not None:
+            _die_with_parent(options.parent_pid)
+        config = options.config
+        secrets = load_route_secrets(config, options.environ)
+        policy = Policy.from_config(config, _load_hooks(config.hooks))
+        tls = _tls_context(config)
+        socks = _listeners(options)
+        journal = Journal(options.journal, config.journal_synchronous)
+        state = BrokerState(
+            policy=policy,
+            journal=GroupCommitJournal(journal),
+            identity=options.identity,
+            resolver=Resolver(
+                config.resolver_overrides, config.system_dns, config.limits.resolve_timeout_s
+            ),
+            limits=config.limits,
+            tls=tls,
+            routes=secrets,
+            own_endpoints=_own_endpoints(socks),
+        )
+        return asyncio.run(_main(options, state, socks))
+    except (ConfigError, UsageError) as exc:
+        print(f"corral broker: {exc}", file=sys.stderr)
+        return 2
+    except (CorralError, OSError) as exc:
+        print(f"corral broker: cannot start: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for s in socks:
+            s.close()
+        if journal is not None:
+            journal.close()
