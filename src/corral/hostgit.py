@@ -271,6 +271,8 @@ class TrustedRepo:
         data = self.git("archive", "--format=tar", commit)
         dest.mkdir(parents=True, exist_ok=False)
         skipped: list[str] = []
+        if not self.git("ls-tree", "--name-only", commit).strip():
+            return skipped  # an empty tree archives to no tar stream at all
 
         def only_safe(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
             try:

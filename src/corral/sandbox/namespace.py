@@ -395,8 +395,12 @@ class NamespaceSandbox:
             # Orphans of the launcher's children come back to corral, not host init.
             _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
             try:
-                # preexec_fn is safe here: corral exec's launcher thread is the
-                # process's only thread (the broker is a separate process).
+                # preexec_fn runs Python between fork and exec. That is safe
+                # even when the caller has other threads (the coordinator
+                # does): child_setup takes no Python-level lock (no import,
+                # no logging, modules already loaded), CPython resets the GIL
+                # in the child, and glibc's malloc is fork-safe; it only makes
+                # raw syscalls through os and ctypes.
                 proc = subprocess.Popen(
                     argv,
                     env=env,

@@ -153,3 +153,14 @@ def test_safe_git_ignores_caller_git_env(tmp_path: Path, monkeypatch: pytest.Mon
     safe_git(repo.git_dir, ws, ["diff", a, b])
     safe_git(repo.git_dir, ws, ["log", "-p"])
     assert not marker.exists()
+
+
+def test_snapshot_of_empty_workspace(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    repo = TrustedRepo(tmp_path / "t.git", ws)
+    repo.init()
+    sha = repo.commit_all("empty")
+    snap = tmp_path / "snap"
+    assert repo.snapshot(sha, snap) == []
+    assert snap.is_dir() and os.listdir(snap) == []
