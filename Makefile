@@ -5,9 +5,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install system venv demo test lint typecheck unit integration bench clean
+.PHONY: install system venv agents demo test lint typecheck unit integration bench clean
 
-install: system venv
+install: system venv agents
 
 system:
 	bash scripts/install-system.sh
@@ -19,6 +19,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# The pinned agent CLIs (Claude Code, Codex) from npm into tools/, never globally.
+agents:
+	bash scripts/install-agents.sh
 
 demo: install
 	$(BIN)/corral doctor

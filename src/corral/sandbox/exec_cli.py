@@ -79,6 +79,20 @@ def _parser() -> _Parser:
         help="corral.toml with broker routes/rules (never read from the workspace)",
     )
     p.add_argument(
+        "--run",
+        dest="run_id",
+        default=None,
+        metavar="ID",
+        help="run id recorded in the journal (default: exec-<random>)",
+    )
+    p.add_argument(
+        "--session",
+        dest="session_id",
+        default=None,
+        metavar="ID",
+        help="session id recorded in the journal",
+    )
+    p.add_argument(
         "--setenv",
         action="append",
         default=[],
@@ -199,6 +213,8 @@ def build_spec(ns: argparse.Namespace, cmd: list[str], caller_env: dict[str, str
         env_kind=ns.env_kind,
         home=spec_home,
         allow_degraded=frozenset(ns.allow_degraded),
+        run_id=ns.run_id,
+        session_id=ns.session_id,
     )
 
 

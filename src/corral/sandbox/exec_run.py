@@ -22,6 +22,7 @@ __all__ = ["execute"]
 def _journal_event(
     journal: Journal | None,
     *,
+    spec: SandboxSpec,
     run: str,
     event: str,
     reason: str,
@@ -34,7 +35,7 @@ def _journal_event(
 
     obs = Observation.of(
         ProcessEvent(event=event),
-        Identity(run=run, env="exec"),
+        Identity(run=run, session=spec.session_id, env=spec.env_kind),
         decision="deny" if decision == "deny" else "observe",
         rule=None,
         reason=reason,
@@ -52,6 +53,7 @@ def _journal_outcome(
     if result.reason == "timeout":
         _journal_event(
             journal,
+            spec=spec,
             run=run,
             event="timeout",
             decision="deny",
@@ -61,6 +63,7 @@ def _journal_outcome(
     if result.oom_kills:
         _journal_event(
             journal,
+            spec=spec,
             run=run,
             event="oom_kill",
             decision="deny",
@@ -70,6 +73,7 @@ def _journal_outcome(
     if result.pids_limit_hits:
         _journal_event(
             journal,
+            spec=spec,
             run=run,
             event="pids_limit",
             decision="deny",
@@ -79,6 +83,7 @@ def _journal_outcome(
     if result.processes_killed_at_end:
         _journal_event(
             journal,
+            spec=spec,
             run=run,
             event="killed_at_teardown",
             reason=f"{result.processes_killed_at_end} process(es) killed when the task ended",
@@ -86,6 +91,7 @@ def _journal_outcome(
         )
     _journal_event(
         journal,
+        spec=spec,
         run=run,
         event="exit",
         reason=f"exit {result.exit} ({result.reason})",
@@ -169,6 +175,7 @@ def execute(
                 if isinstance(state, str) and state.startswith("degraded"):
                     _journal_event(
                         jw,
+                        spec=spec,
                         run=run,
                         event="degraded",
                         reason=f"layer {layer} {state}",

@@ -1,0 +1,85 @@
+"""What corral costs an agent run: Claude Code inside corral vs the same run on the host.
+
+The run is the two-turn `scenarios/write-file.yaml` (one shell command, one
+text reply) against the synthetic provider. Both sides go through
+`corral.agents.runner.run_agent` with the same launch (argv, config,
+environment); "inside" adds the namespace sandbox, the broker and its routes
+and journal, "bare" runs the CLI directly with a scratch HOME. Runs alternate
+so that machine load hits both alike. Prints the median and p90 end-to-end
+wall time of each and the ratio (target: inside <= 2x bare), plus where the
+inside time goes (the sandbox's own wall time vs the whole run).
+
+    .venv/bin/python bench/agent_overhead.py [--runs 7] [--agent claude-code]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from corral.agents.runner import AgentRun, run_agent
+
+REPO = Path(__file__).resolve().parent.parent
+SCENARIO = REPO / "scenarios" / "write-file.yaml"
+
+
+def _once(agent: str, sandbox: bool, scratch: Path, i: int) -> tuple[float, AgentRun]:
+    ws = scratch / f"ws-{'in' if sandbox else 'bare'}-{i}"
+    ws.mkdir()
+    t0 = time.perf_counter()
+    run = run_agent(
+        agent,
+        "Create hello.txt",
+        workspace=ws,
+        provider=f"synthetic:{SCENARIO}",
+        sandbox=sandbox,
+        timeout_s=120,
+        state_dir=scratch / f"state-{'in' if sandbox else 'bare'}-{i}",
+    )
+    wall = time.perf_counter() - t0
+    if run.result.status != "succeeded" or not (ws / "hello.txt").exists():
+        raise SystemExit(f"{agent} run failed ({'inside' if sandbox else 'bare'}): {run.result}")
+    return wall, run
+
+
+def _p90(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--agent", default="claude-code")
+    args = parser.parse_args()
+    inside: list[float] = []
+    bare: list[float] = []
+    sandbox_wall: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="corral-bench-agent-") as tmp:
+        scratch = Path(tmp)
+        _once(args.agent, False, scratch, -1)  # warm the page cache (a 400 MB binary)
+        for i in range(args.runs):
+            wall, _ = _once(args.agent, False, scratch, i)
+            bare.append(wall)
+            wall, run = _once(args.agent, True, scratch, i)
+            inside.append(wall)
+            if run.sandbox is not None:
+                sandbox_wall.append(float(run.sandbox.get("wall_s", 0.0)))
+    med_in, med_bare = statistics.median(inside), statistics.median(bare)
+    print(f"{args.agent}, {SCENARIO.name}, {args.runs} runs each (end-to-end wall time)")
+    print(f"  bare (no corral):   median {med_bare:.3f} s   p90 {_p90(bare):.3f} s")
+    print(f"  inside corral:      median {med_in:.3f} s   p90 {_p90(inside):.3f} s")
+    if sandbox_wall:
+        print(f"    of which sandbox: median {statistics.median(sandbox_wall):.3f} s")
+    ratio = med_in / med_bare
+    verdict = "ok" if ratio <= 2.0 else "ABOVE TARGET"
+    print(f"  ratio inside/bare:  {ratio:.2f}x  (target <= 2x: {verdict})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""`corral agent` commands: run an agent CLI unattended in corral, install, list."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+__all__ = ["EXIT_STATUS", "register"]
+
+EXIT_STATUS = {"succeeded": 0, "failed": 1, "timeout": 124, "refused": 125}
+"""`corral agent run`'s exit status per result status (2: bad usage)."""
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    print(f"corral agent: {message}", file=sys.stderr)
+    return typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `corral agent run|install|list` to the corral app."""
+    agent_app = typer.Typer(
+        name="agent",
+        help="Agent CLIs (Claude Code, Codex, Gemini CLI) run unattended inside corral.",
+        no_args_is_help=True,
+    )
+
+    @agent_app.command("run")
+    def run(  # noqa: PLR0917 (typer maps parameters to options)
+        agent: Annotated[str, typer.Argument(help="claude-code, codex or gemini.")],
+        prompt: Annotated[list[str], typer.Argument(help="The task, after `--`.")],
+        workspace: Annotated[
+            Path, typer.Option("--workspace", "-w", help="The project directory (read-write).")
+        ] = Path("."),
+        provider: Annotated[
+            str,
+            typer.Option(
+                "--provider",
+                "-p",
+                help="synthetic:SCENARIO.yaml, anthropic, openai or gemini.",
+            ),
+        ] = "anthropic",
+        mcp: Annotated[
+            Path | None,
+            typer.Option("--mcp", help="MCP policy file (servers, tools, argument rules)."),
+        ] = None,
+        timeout: Annotated[
+            float, typer.Option("--timeout", help="Wall-clock limit in seconds.")
+        ] = 600.0,
+        memory: Annotated[
+            str, typer.Option("--memory", help="Memory limit of the agent's sandbox.")
+        ] = "4G",
+        model: Annotated[str | None, typer.Option("--model", help="Model name.")] = None,
+        state_dir: Annotated[
+            Path | None,
+            typer.Option("--state-dir", help="Session directory (default ./.corral/agent/ID)."),
+        ] = None,
+        no_sandbox: Annotated[
+            bool,
+            typer.Option(
+                "--no-sandbox",
+                help="Run directly on the host (synthetic provider only; benchmarks).",
+            ),
+        ] = False,
+        as_json: Annotated[
+            bool, typer.Option("--json", help="Print the run as one JSON object.")
+        ] = False,
+        dry_run: Annotated[
+            bool, typer.Option("--dry-run", help="Print what the sandbox would run, then exit.")
+        ] = False,
+    ) -> None:
+        """Run AGENT on PROMPT in WORKSPACE.
+
+        Exit status: 0 succeeded, 1 failed, 124 timeout, 125 refused, 2 bad usage.
+        """
+        from corral.errors import AgentError, ConfigError, CorralError, UsageError
+
+        text = " ".join(prompt).strip()
+        if not text:
+            raise _fail("the prompt is empty (give it after `--`)", 2)
+        try:
+            policy = None
+            if mcp is not None:
+                from corral.agents.mcp_policy import load_mcp_policy
+
+                policy = load_mcp_policy(mcp)
+            if dry_run:
+                print(
+                    _dry_run(
+                        agent=agent,
+                        prompt=text,
+                        workspace=workspace,
+                        provider=provider,
+                        policy=policy,
+                        model=model,
+                    )
+                )
+                return
+            from corral.agents.runner import run_agent
+
+            result = run_agent(
+                agent,
+                text,
+                workspace=workspace,
+                provider=provider,
+                mcp=policy,
+                sandbox=not no_sandbox,
+                timeout_s=timeout,
+                memory=memory,
+                model=model,
+                state_dir=state_dir,
+            )
+        except (UsageError, ConfigError) as exc:
+            raise _fail(str(exc), 2) from exc
+        except (AgentError, CorralError) as exc:
+            raise _fail(str(exc), 1) from exc
+        if as_json:
+            print(json.dumps(result.to_json_dict(), indent=2))
+        else:
+            r = result.result
+            line = (
+                f"{result.agent}: {r.status} in {result.timings.get('total_s', 0.0):.1f} s, "
+                f"{r.usage.total} tokens, {len(r.tool_calls)} tool call(s)"
+            )
+            print(line)
+            if r.text:
+                print(f"  final message: {r.text[:300]}")
+            if r.error:
+                print(f"  error: {r.error}")
+            print(f"  journal: {result.journal}  (session {result.session})")
+        raise typer.Exit(EXIT_STATUS[result.result.status])
+
+    @agent_app.command("install")
+    def install_cmd(
+        agents: Annotated[
+            list[str] | None,
+            typer.Argument(help="Agents to install (default: claude-code and codex)."),
+        ] = None,
+    ) -> None:
+        """Install the pinned CLIs from npm into corral's tools folder (idempotent)."""
+        from corral.agents.install import default_tools_dir, install
+        from corral.agents.registry import get_adapter
+        from corral.errors import CorralError
+
+        tools = default_tools_dir()
+        for name in agents or ["claude-code", "codex"]:
+            try:
+                adapter = get_adapter(name)
+                exe = install(adapter, tools)
+            except CorralError as exc:
+                raise _fail(str(exc), 1) from exc
+            print(f"{name}: {adapter.package.spec} -> {exe}")
+
+    @agent_app.command("list")
+    def list_cmd() -> None:
+        """The known agents, their pinned versions and whether they are installed."""
+        from corral.agents.install import default_tools_dir, executable_path, installed_version
+        from corral.agents.registry import ADAPTERS
+
+        tools = default_tools_dir()
+        for name, adapter in ADAPTERS.items():
+            have = installed_version(adapter, tools)
+            state = "installed" if have == adapter.package.version else "not installed"
+            if have and have != adapter.package.version:
+                state = f"version {have} installed, {adapter.package.version} pinned"
+            print(f"{name:12} {adapter.package.spec:36} {state}")
+            if have:
+                print(f"{'':12} {executable_path(adapter, tools)}")
+
+    app.add_typer(agent_app, name="agent")
+
+
+def _dry_run(
+    *,
+    agent: str,
+    prompt: str,
+    workspace: Path,
+    provider: str,
+    policy: object,
+    model: str | None,
+) -> str:
+    from corral.agents.base import DEFAULT_HOME, LaunchRequest, McpEndpoint, ProviderEndpoint
+    from corral.agents.install import default_tools_dir, executable_path
+    from corral.agents.mcp_policy import McpPolicy
+    from corral.agents.registry import get_adapter
+    from corral.agents.routes import MCP_ROUTE, check_compatible, parse_provider
+    from corral.agents.runner import SANDBOX_BROKER
+
+    adapter = get_adapter(agent)
+    choice = parse_provider(provider)
+    check_compatible(choice, adapter.name, adapter.wire)
+    servers = policy.servers if isinstance(policy, McpPolicy) else {}
+    request = LaunchRequest(
+        prompt=prompt,
+        executable=str(executable_path(adapter, default_tools_dir())),
+        workspace=str(workspace.resolve()),
+        provider=ProviderEndpoint(
+            f"{SANDBOX_BROKER}/routes/{choice.route}",
+            model=model or (adapter.synthetic_model if choice.kind == "synthetic" else None),
+        ),
+        home=DEFAULT_HOME,
+        mcp=tuple(McpEndpoint(n, f"{SANDBOX_BROKER}/routes/{MCP_ROUTE}/{n}/mcp") for n in servers),
+    )
+    return adapter.launch(request).display()

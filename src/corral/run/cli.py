@@ -1,0 +1,161 @@
+"""`corral run`, `corral status`, `corral resume`, `corral stop` (the journal: `corral log`).
+
+Exit status of `run`/`resume`: 0 when every check passed, 1 when the run ended
+otherwise (exhausted, stopped, failed), 2 for bad input (a rejected mission
+file, an unknown run, an agent that is not installed), 3 when the run is
+already being driven by another corral process.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+__all__ = ["register"]
+
+_RUNS_DIR = typer.Option("--runs-dir", help="where runs live")
+
+
+def _fail(cmd: str, message: str, code: int) -> typer.Exit:
+    typer.echo(f"corral {cmd}: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _drive(cmd: str, layout_root: Path, plain: bool) -> None:
+    from corral.errors import CorralError
+    from corral.run.coordinator import Coordinator
+    from corral.run.environments import RunLayout
+    from corral.run.progress import PlainProgress, make_progress
+    from corral.run.store import RunLockedError
+
+    layout = RunLayout(layout_root)
+    progress = PlainProgress() if plain else make_progress()
+    try:
+        state = Coordinator(layout, progress).drive()
+    except RunLockedError as exc:
+        raise _fail(cmd, str(exc), 3) from exc
+    except CorralError as exc:
+        raise _fail(cmd, str(exc), 1) from exc
+    finally:
+        progress.close()
+    typer.echo(f"corral {cmd}: run {layout.run_id} {state}; report: {layout.report}")
+    raise typer.Exit(0 if state == "passed" else 1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add this area's commands to the corral app."""
+
+    @app.command("run")
+    def run(  # noqa: PLR0917
+        mission: Annotated[Path, typer.Argument(help="the mission file (Markdown + TOML)")],
+        agent: Annotated[
+            str | None, typer.Option("--agent", help="script | claude-code | codex")
+        ] = None,
+        provider: Annotated[
+            str | None,
+            typer.Option("--provider", help="synthetic[:FILE] | anthropic | openai"),
+        ] = None,
+        runs_dir: Annotated[Path, _RUNS_DIR] = Path(".corral/runs"),
+        run_id: Annotated[str | None, typer.Option("--id", help="the run's id")] = None,
+        plain: Annotated[bool, typer.Option("--plain", help="plain progress lines")] = False,
+    ) -> None:
+        """Drive an agent through sessions until the mission's checks pass."""
+        from corral.errors import AgentError, ConfigError, UsageError
+        from corral.run.coordinator import create_run
+        from corral.run.mission import load_mission
+
+        if run_id is not None and (not run_id[:1].isalpha() or "/" in run_id):
+            raise _fail("run", f"a run id starts with a letter and has no '/': {run_id!r}", 2)
+        try:
+            m = load_mission(mission)
+            if provider == "synthetic":
+                provider = m.settings.provider if m.provider.kind == "synthetic" else None
+            layout = create_run(m, runs_dir, agent=agent, provider=provider, run_id=run_id)
+        except (ConfigError, UsageError, AgentError, FileExistsError) as exc:
+            raise _fail("run", str(exc), 2) from exc
+        typer.echo(f"corral run: run {layout.run_id} in {layout.root}")
+        _drive("run", layout.root, plain)
+
+    @app.command("resume")
+    def resume(
+        run_ref: Annotated[str, typer.Argument(metavar="RUN", help="run id or directory")],
+        runs_dir: Annotated[Path, _RUNS_DIR] = Path(".corral/runs"),
+        plain: Annotated[bool, typer.Option("--plain", help="plain progress lines")] = False,
+    ) -> None:
+        """Continue a run after a stop, a crash or a reboot."""
+        from corral.errors import UsageError
+        from corral.run.control import find_run
+
+        try:
+            layout = find_run(run_ref, runs_dir)
+        except UsageError as exc:
+            raise _fail("resume", str(exc), 2) from exc
+        _drive("resume", layout.root, plain)
+
+    @app.command("stop")
+    def stop(
+        run_ref: Annotated[str, typer.Argument(metavar="RUN", help="run id or directory")],
+        runs_dir: Annotated[Path, _RUNS_DIR] = Path(".corral/runs"),
+        timeout: Annotated[float, typer.Option("--timeout", help="seconds before SIGKILL")] = 20.0,
+    ) -> None:
+        """Kill everything of a run; its state is kept for `corral resume`."""
+        from corral.errors import UsageError
+        from corral.run.control import find_run, stop_run
+        from corral.run.store import RunLockedError
+
+        try:
+            layout = find_run(run_ref, runs_dir)
+            state = stop_run(layout, timeout)
+        except UsageError as exc:
+            raise _fail("stop", str(exc), 2) from exc
+        except RunLockedError as exc:
+            raise _fail("stop", str(exc), 3) from exc
+        typer.echo(f"corral stop: run {layout.run_id} {state}")
+
+    @app.command("status")
+    def status(
+        run_ref: Annotated[
+            str | None, typer.Argument(metavar="[RUN]", help="one run (default: all)")
+        ] = None,
+        runs_dir: Annotated[Path, _RUNS_DIR] = Path(".corral/runs"),
+        as_json: Annotated[bool, typer.Option("--json", help="one JSON object per run")] = False,
+    ) -> None:
+        """Every run: state, session n/N, checks passing, observations allowed/denied."""
+        from rich.console import Console
+        from rich.table import Table
+
+        from corral.errors import UsageError
+        from corral.run.control import find_run, list_runs, run_status
+
+        try:
+            layouts = [find_run(run_ref, runs_dir)] if run_ref else list_runs(runs_dir)
+        except UsageError as exc:
+            raise _fail("status", str(exc), 2) from exc
+        statuses = [run_status(layout) for layout in layouts]
+        if as_json:
+            for st in statuses:
+                sys.stdout.write(json.dumps(st.to_json_dict()) + "\n")
+            return
+        if not statuses:
+            typer.echo(f"no runs in {runs_dir}")
+            return
+        table = Table(show_header=True, header_style="bold")
+        table.add_column("run", no_wrap=True)
+        for col in ("state", "session", "checks", "allowed", "denied", "memory peak/cap"):
+            table.add_column(col)
+        for st in statuses:
+            d = st.to_json_dict()
+            table.add_row(
+                d["id"],
+                d["state"],
+                f"{d['session']}/{d['max_sessions']}",
+                f"{d['checks_passed']}/{d['checks_total']}",
+                str(st.allowed),
+                str(st.denied),
+                f"{st.run.peak_memory >> 20}/{st.run.memory_cap >> 20} MiB",
+            )
+        Console().print(table)

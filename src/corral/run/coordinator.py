@@ -1,0 +1,757 @@
+"""The coordinator: creates runs and drives their session loop (the shell around the pure parts).
+
+    layout = create_run(load_mission("examples/todo-api/MISSION.md"), Path(".corral/runs"))
+    final = Coordinator(layout, progress).drive()     # "passed" | "exhausted" | "stopped" | ...
+
+One session: the agent sandbox runs the agent CLI with a prompt built from the
+mission, the previous sessions and the failed checks (its broker admits only
+the provider route and the allowlist); when it ends (the agent finished, its
+wall time, a stop, a broker crash) everything in it is killed and counted;
+corral commits the workspace with `TrustedRepo` (never the workspace's git);
+the product starts from a read-only snapshot of that commit; each check runs
+in its own verifier sandbox against the snapshot and the product's forwarded
+port; the product is killed. The run ends when every check passes, after
+`max_sessions`, when the token budget is spent, or on `corral stop`.
+
+Durability (store.py): each transition is committed before it takes effect;
+`drive()` takes the run's flock first and starts with recovery - sessions left
+`running` are marked interrupted, every process and cgroup left in the run's
+cgroup subtree is killed and removed, and the workspace is reset to the last
+commit. So `kill -9` at any point followed by `corral resume` continues the
+run; a SIGTERM (`corral stop`) ends it as `stopped` after killing everything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import sqlite3
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from corral.agents.base import AgentResult, LaunchRequest, ProviderEndpoint
+from corral.broker.actions import Identity, Observation, ProcessEvent
+from corral.errors import AgentError, ConfigError, CorralError, UsageError
+from corral.hostgit import TrustedRepo
+from corral.run.agent_port import RunAgent, resolve_agent
+from corral.run.environments import (
+    HOME,
+    RunLayout,
+    agent_broker_config,
+    agent_spec,
+    check_spec,
+    product_spec,
+    provider_base_url,
+)
+from corral.run.forward import NetNs, PortForwarder, probe_ready
+from corral.run.mission import Mission, ProviderRef, parse_mission, parse_provider
+from corral.run.progress import Progress
+from corral.run.prompt import build_prompt
+from corral.run.report import render_report
+from corral.run.runcg import RunCgroup
+from corral.run.store import CheckResult, RunLock, Store
+from corral.sandbox.namespace import ExecResult, NamespaceSandbox, RunningSandbox
+
+if TYPE_CHECKING:
+    from corral.broker.journal import Journal
+    from corral.provider.server import ProviderThread
+    from corral.sandbox.egress import EgressBroker
+
+__all__ = [
+    "Coordinator",
+    "RunConfig",
+    "create_run",
+    "journal_counts",
+    "load_run",
+    "new_run_id",
+]
+
+HTTP_CHECKER = Path(__file__).with_name("http_check.py")
+_POLL_S = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    """What `corral run` decided beyond the mission file (`run.json`)."""
+
+    agent: str
+    provider: str
+    origin: str
+
+    def to_json(self) -> str:
+        return json.dumps({"agent": self.agent, "provider": self.provider, "origin": self.origin})
+
+    @classmethod
+    def from_json(cls, text: str) -> RunConfig:
+        d = json.loads(text)
+        return cls(agent=str(d["agent"]), provider=str(d["provider"]), origin=str(d["origin"]))
+
+
+def new_run_id(mission_name: str) -> str:
+    """`<mission>-<yyyymmdd-hhmmss>-<hex>`; starts with a letter (see runcg.py)."""
+    return f"{mission_name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def create_run(
+    mission: Mission,
+    runs_dir: Path,
+    *,
+    agent: str | None = None,
+    provider: str | None = None,
+    run_id: str | None = None,
+) -> RunLayout:
+    """Make the run directory: frozen copies of the mission, scenario and checks; state; repo."""
+    agent_name = agent or mission.settings.agent
+    resolve_agent(agent_name).install(runs_dir / ".probe-tools")
+    shutil.rmtree(runs_dir / ".probe-tools", ignore_errors=True)
+    try:
+        ref = parse_provider(provider or mission.settings.provider)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    rid = run_id or new_run_id(mission.name)
+    layout = RunLayout(runs_dir.absolute() / rid)
+    layout.root.mkdir(parents=True, exist_ok=False)
+    layout.mission.write_text(mission.text, encoding="utf-8")
+    if ref.kind == "synthetic":
+        assert ref.scenario is not None
+        src = mission.resolve(ref.scenario)
+        if not src.is_file():
+            raise ConfigError(f"provider scenario {src} does not exist")
+        shutil.copyfile(src, layout.root / "scenario.yaml")
+        ref = ProviderRef("synthetic", str(layout.root / "scenario.yaml"))
+    if mission.checks_dir is not None:
+        shutil.copytree(mission.checks_dir, layout.checks, symlinks=True)
+    for d in (layout.workspace, layout.transcripts, layout.tools):
+        d.mkdir()
+    layout.config.write_text(
+        RunConfig(agent=agent_name, provider=str(ref), origin=str(mission.path)).to_json(),
+        encoding="utf-8",
+    )
+    repo = TrustedRepo(layout.git_dir, layout.workspace)
+    repo.init()
+    base = repo.commit_all("corral: empty workspace")
+    with Store(layout.state) as store:
+        store.create_run(
+            rid,
+            mission=mission.name,
+            agent=agent_name,
+            provider=str(ref),
+            max_sessions=mission.settings.max_sessions,
+            memory_cap=mission.settings.limits.run_memory,
+        )
+        store.update_run(base_commit=base, last_commit=base)
+    return layout
+
+
+def load_run(layout: RunLayout) -> tuple[Mission, RunConfig]:
+    """The frozen mission and config of a run directory."""
+    if not layout.state.is_file():
+        raise UsageError(f"{layout.root} is not a corral run (no state.sqlite)")
+    cfg = RunConfig.from_json(layout.config.read_text(encoding="utf-8"))
+    mission = parse_mission(layout.mission.read_text(encoding="utf-8"), cfg.origin)
+    return mission, cfg
+
+
+def journal_counts(path: Path, run_id: str) -> tuple[int, int]:
+    """(allowed, denied) observations of a run, process events left out."""
+    if not path.is_file():
+        return 0, 0
+    try:
+        conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=5.0)
+        try:
+            rows = conn.execute(
+                "SELECT decision, COUNT(*) FROM observations WHERE run = ? AND"
+                " kind != 'process_event' GROUP BY decision",
+                (run_id,),
+            ).fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return 0, 0
+    counts = dict(rows)
+    return int(counts.get("allow", 0)), int(counts.get("deny", 0))
+
+
+class _Stop(Exception):
+    pass
+
+
+class Coordinator:
+    """Drives one run to its end. Use `drive()` once."""
+
+    def __init__(self, layout: RunLayout, progress: Progress) -> None:
+        self.layout = layout
+        self.progress = progress
+        self.mission, self.config = load_run(layout)
+        self.provider_ref = parse_provider(self.config.provider)
+        self.run_id = layout.run_id
+        self._stop_signal: int | None = None
+        self._journal: Journal | None = None
+        self._provider: ProviderThread | None = None
+        self._provider_url: str | None = None
+        self._forwarder: PortForwarder | None = None
+        self._cg: RunCgroup | None = None
+        self._session = 0
+        self._agent: RunAgent | None = None
+        self._started = time.monotonic()
+
+    # -- signals ----------------------------------------------------------
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self._stop_signal = signum
+
+    def _stopping(self) -> bool:
+        return self._stop_signal is not None
+
+    # -- journal ----------------------------------------------------------
+    def _journal_event(
+        self,
+        event: str,
+        reason: str,
+        *,
+        env: str = "agent",
+        decision: str = "observe",
+        detail: dict[str, Any] | None = None,
+        session: int | None = None,
+    ) -> None:
+        if self._journal is None:
+            return
+        s = session if session is not None else self._session
+        obs = Observation.of(
+            ProcessEvent(event=event),
+            Identity(run=self.run_id, session=str(s) if s else None, env=env),  # type: ignore[arg-type]
+            decision="deny" if decision == "deny" else "observe",
+            rule=None,
+            reason=reason,
+            detail=detail or {},
+        )
+        self._journal.append(obs)
+
+    def _on_forward(self, target: str) -> None:
+        # Runs on the relay thread; an exception refuses the connection.
+        assert self._journal is not None
+        obs = Observation(
+            run=self.run_id,
+            session=str(self._session),
+            env="verifier",
+            kind="net_connect",
+            target=target,
+            decision="allow",
+            rule="product-port",
+            reason="verifier to the product's port through corral's forwarder",
+        )
+        self._journal.append(obs)
+
+    # -- the loop ---------------------------------------------------------
+    def drive(self) -> str:
+        """Run sessions until the run ends; returns the final run state.
+
+        Raises RunLockedError if another coordinator drives this run.
+        """
+        lock = RunLock(self.layout.root)
+        lock.acquire(wait_s=3.0)
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        store = Store(self.layout.state)
+        try:
+            try:
+                return self._drive(store)
+            except Exception as exc:
+                # State is durable: record why, so `status` shows it; `resume` may retry.
+                with contextlib.suppress(Exception):
+                    store.mark_interrupted()
+                    self._finish(store, "failed", f"corral error: {exc!r}"[:500])
+                if isinstance(exc, CorralError):
+                    raise
+                raise CorralError(f"the run failed: {exc!r}") from exc
+        finally:
+            self._teardown()
+            store.close()
+            for s, h in old.items():
+                signal.signal(s, h)
+            lock.release()
+
+    def _drive(self, store: Store) -> str:
+        from corral.broker.journal import Journal
+
+        run = store.run()
+        store.update_run(state="running", coordinator_pid=os.getpid(), stop_requested=0)
+        store.event("coordinator_start", pid=os.getpid())
+        self._journal = Journal(self.layout.journal)
+        self._cg = RunCgroup.detect(self.run_id)
+        if self._cg is None:
+            raise CorralError("no cgroup hierarchy: a run needs its run-wide cgroup")
+        self._recover(store)
+        self._cg.create(run.memory_cap)
+        self.progress.update(
+            run=self.run_id, max_sessions=run.max_sessions, memory_cap=run.memory_cap
+        )
+        try:
+            self._agent = resolve_agent(self.config.agent)
+            self._agent.install(self.layout.tools)
+        except AgentError as exc:
+            return self._finish(store, "failed", str(exc))
+        shutil.copyfile(HTTP_CHECKER, self.layout.tools / "http_check.py")
+        if self.provider_ref.kind == "synthetic":
+            from corral.provider.server import ProviderThread
+
+            assert self.provider_ref.scenario is not None
+            self._provider = ProviderThread(
+                self.provider_ref.scenario,
+                transcript=self.layout.transcripts / "provider.jsonl",
+            )
+            self._provider_url = self._provider.start()
+        elif self.provider_ref.kind == "openai" and os.environ.get("OPENAI_API_KEY"):
+            os.environ["CORRAL_OPENAI_BEARER"] = "Bearer " + os.environ["OPENAI_API_KEY"]
+        self._forwarder = PortForwarder(self._on_forward)
+        budget = self.mission.settings.token_budget
+        while True:
+            if self._stopping():
+                return self._finish(store, "stopped", "stopped by the user")
+            sessions = store.sessions()
+            done = [s for s in sessions if s.state == "done"]
+            if len(done) >= self.mission.settings.max_sessions:
+                return self._finish(
+                    store, "exhausted", f"{len(done)} sessions without passing every check"
+                )
+            tokens = sum(s.tokens for s in sessions)
+            if budget is not None and tokens >= budget:
+                return self._finish(store, "exhausted", f"token budget spent ({tokens}/{budget})")
+            n = (sessions[-1].n if sessions else 0) + 1
+            try:
+                passed = self._session_loop(store, n)
+            except _Stop:
+                store.end_session(n, state="interrupted", end_reason="stopped by the user")
+                return self._finish(store, "stopped", "stopped by the user")
+            if passed:
+                return self._finish(store, "passed", f"every check passed in session {n}")
+
+    def _recover(self, store: Store) -> None:
+        assert self._cg is not None
+        interrupted = store.mark_interrupted()
+        killed = self._cg.sweep() if self._cg.exists() else 0
+        for n in interrupted:
+            self._journal_event(
+                "session_interrupted",
+                f"session {n} was interrupted (corral stopped or crashed)",
+                session=n,
+            )
+        if killed:
+            self._journal_event(
+                "killed_at_recovery",
+                f"{killed} leftover process(es) of the run killed at recovery",
+                detail={"count": killed},
+                session=0,
+            )
+        if interrupted or killed:
+            store.event("recovered", interrupted=interrupted, killed=killed)
+        run = store.run()
+        if interrupted and run.last_commit:
+            self._reset_workspace(run.last_commit)
+
+    def _reset_workspace(self, commit: str) -> None:
+        ws = self.layout.workspace
+        token = secrets.token_hex(3)
+        restored = ws.with_name(f"workspace.restore-{token}")
+        # git runs with its cwd in the work tree: use the run directory for that.
+        _snapshot(TrustedRepo(self.layout.git_dir, self.layout.root), commit, restored)
+        aside = ws.with_name(f"workspace.discarded-{token}")
+        if ws.exists():
+            ws.rename(aside)
+        restored.rename(ws)
+        shutil.rmtree(aside, ignore_errors=True)
+
+    def _finish(self, store: Store, state: str, reason: str) -> str:
+        run = store.run()
+        peak = max(run.peak_memory, self._cg.peak_memory() if self._cg else 0)
+        store.update_run(state=state, end_reason=reason, peak_memory=peak, coordinator_pid=None)
+        store.event("run_end", state=state, reason=reason)
+        self._write_report(store)
+        self.progress.update(state=state, activity=reason)
+        return state
+
+    def _write_report(self, store: Store) -> None:
+        sessions = store.sessions()
+        allowed, denied = journal_counts(self.layout.journal, self.run_id)
+        text = render_report(
+            self.mission,
+            store.run(),
+            sessions,
+            {s.n: store.checks(s.n) for s in sessions},
+            allowed=allowed,
+            denied=denied,
+        )
+        tmp = self.layout.report.with_suffix(".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(self.layout.report)
+
+    def _teardown(self) -> None:
+        if self._forwarder is not None:
+            self._forwarder.close()
+        if self._provider is not None:
+            with contextlib.suppress(Exception):
+                self._provider.stop()
+        if self._cg is not None:
+            with contextlib.suppress(CorralError, OSError):
+                self._cg.sweep()
+        if self._journal is not None:
+            self._journal.close()
+
+    def _tick(self, store: Store | None = None) -> None:
+        allowed, denied = journal_counts(self.layout.journal, self.run_id)
+        self.progress.update(allowed=allowed, denied=denied)
+
+    # -- one session ------------------------------------------------------
+    def _session_loop(self, store: Store, n: int) -> bool:
+        self._session = n
+        sessions = store.sessions()
+        last_done = next((s for s in reversed(sessions) if s.state == "done"), None)
+        last_checks = store.checks(last_done.n) if last_done else []
+        prompt = build_prompt(self.mission, n, sessions, last_checks)
+        store.begin_session(n, phase="agent")
+        self.layout.session_dir(n).mkdir(parents=True, exist_ok=True)
+        (self.layout.session_dir(n) / "prompt.md").write_text(prompt, encoding="utf-8")
+        self.progress.update(session=n, phase="agent", activity="agent session running")
+        end_reason, result, agent_result, broker_pid = self._agent_phase(store, n, prompt)
+        tokens = agent_result.usage.total if agent_result else 0
+        summary = (agent_result.text or agent_result.error or "") if agent_result else ""
+        store.update_session(
+            n,
+            phase="commit",
+            agent_exit=result.exit if result else None,
+            tokens=tokens,
+            wall_s=result.wall_s if result else 0.0,
+            agent_peak_memory=result.peak_memory_bytes if result else 0,
+            processes_killed=result.processes_killed_at_end if result else 0,
+            summary=summary[:2000],
+            detail={"agent_end": end_reason, "broker_pid": broker_pid},
+        )
+        if self._stopping():
+            raise _Stop
+        self.progress.update(phase="commit", activity="committing the workspace")
+        repo = TrustedRepo(self.layout.git_dir, self.layout.workspace)
+        sha = repo.commit_all(f"session {n}: {end_reason}")
+        store.update_session(n, commit_sha=sha, phase="product")
+        store.update_run(last_commit=sha)
+        skipped = _snapshot(repo, sha, self.layout.snapshot(n))
+        if skipped:
+            store.event("snapshot_skipped", session=n, members=skipped[:50])
+        results = self._verify(store, n)
+        store.record_checks(n, results)
+        peak = self._cg.peak_memory() if self._cg else 0
+        run = store.run()
+        store.update_run(peak_memory=max(run.peak_memory, peak))
+        passed = bool(results) and all(r.passed for r in results)
+        store.end_session(n, state="done", end_reason=end_reason, run_peak_memory=peak)
+        self.progress.update(
+            checks_passed=sum(r.passed for r in results),
+            checks_total=len(results),
+            run_peak=peak,
+            activity=f"session {n}: {sum(r.passed for r in results)}/{len(results)} checks",
+        )
+        self.progress.line(
+            f"session {n}: agent {end_reason}; "
+            f"{sum(r.passed for r in results)}/{len(results)} checks passed; "
+            f"run memory peak {peak} of {run.memory_cap} bytes"
+        )
+        return passed
+
+    def _agent_phase(
+        self, store: Store, n: int, prompt: str
+    ) -> tuple[str, ExecResult | None, AgentResult | None, int | None]:
+        from corral.sandbox.egress import EgressBroker
+
+        assert self._agent is not None and self._cg is not None
+        out = self.layout.agent_out(n)
+        out.mkdir(parents=True, exist_ok=True)
+        install = self._agent.install(self.layout.tools)
+        wall = self.mission.settings.session.wall_time
+        request = LaunchRequest(
+            prompt=prompt,
+            executable=install.executable,
+            workspace=str(self.layout.workspace),
+            provider=ProviderEndpoint(
+                base_url=provider_base_url(), model=self.mission.settings.model
+            ),
+            home=HOME,
+            request_timeout_s=min(120.0, wall),
+        )
+        launch = self._agent.launch(request)
+        bcfg = agent_broker_config(self.mission, self.provider_ref, self._provider_url)
+        spec = agent_spec(
+            self.layout,
+            mission=self.mission,
+            n=n,
+            launch=launch,
+            broker_config=bcfg,
+            ro_paths=install.ro_paths,
+        )
+        egress: EgressBroker = EgressBroker(
+            bcfg.to_json(), self.layout.journal, run=self.run_id, session=str(n), env="agent"
+        )
+        sandbox = NamespaceSandbox(spec, cgroup_parent=self._cg.relpath, network_hook=egress.attach)
+        try:
+            running = sandbox.start()
+        except CorralError as exc:
+            egress.stop()
+            self._journal_event("refused", f"agent sandbox refused: {exc}", decision="deny")
+            return f"refused: {exc}", None, None, None
+        broker_pid = egress.process.pid if egress.process else None
+        if broker_pid is not None:
+            with contextlib.suppress(CorralError, OSError):
+                self._cg.attach_helper(broker_pid)
+            store.update_session(n, broker_pid=broker_pid)
+        running.layers["broker"] = True
+        reason = self._watch_agent(running, egress, wall)
+        if reason is None and not egress.alive():
+            # The agent may have exited *because* its only door closed.
+            self._journal_event(
+                "broker_died",
+                "the broker exited during the session; the session ends (fail closed)",
+                decision="deny",
+            )
+            reason = "broker died"
+        try:
+            if reason is None or (reason == "broker died" and running.proc.poll() is not None):
+                result = running.wait()
+                reason = reason or "agent finished"
+            else:
+                result = running.interrupt(signal.SIGKILL)
+        finally:
+            running.close()
+            egress.stop()
+        self._journal_outcome("agent", result)
+        stdout = _read_tail(out / "stdout.log", 1 << 20)
+        agent_result = self._agent.parse_output(stdout, result.exit)
+        if not agent_result.ok and reason == "agent finished":
+            reason = f"agent failed: {(agent_result.error or '')[:200]}"
+        budget = self.mission.settings.session.token_budget
+        if budget is not None and agent_result.usage.total > budget:
+            self._journal_event(
+                "token_budget",
+                f"session used {agent_result.usage.total} tokens, budget {budget}",
+                decision="deny",
+            )
+        return reason, result, agent_result, broker_pid
+
+    def _watch_agent(
+        self, running: RunningSandbox, egress: EgressBroker, wall: float
+    ) -> str | None:
+        deadline = time.monotonic() + wall
+        last_tick = 0.0
+        while running.proc.poll() is None:
+            if self._stopping():
+                return "stopped by the user"
+            if time.monotonic() >= deadline:
+                self._journal_event(
+                    "timeout", f"session wall time {wall:g}s reached", decision="deny"
+                )
+                return f"wall time {wall:g}s reached"
+            if not egress.alive():
+                self._journal_event(
+                    "broker_died",
+                    "the broker exited during the session; the session ends (fail closed)",
+                    decision="deny",
+                )
+                return "broker died"
+            if time.monotonic() - last_tick > 1.0:
+                self._tick()
+                last_tick = time.monotonic()
+            time.sleep(_POLL_S)
+        return None
+
+    def _journal_outcome(self, env: str, result: ExecResult) -> None:
+        if result.oom_kills:
+            self._journal_event(
+                "oom_kill",
+                f"{result.oom_kills} process(es) killed by the memory limit",
+                env=env,
+                decision="deny",
+            )
+        if result.pids_limit_hits:
+            self._journal_event(
+                "pids_limit",
+                f"fork refused {result.pids_limit_hits} time(s) at the pids limit",
+                env=env,
+                decision="deny",
+            )
+        if result.processes_killed_at_end:
+            self._journal_event(
+                "killed_at_teardown",
+                f"{result.processes_killed_at_end} process(es) killed when the task ended",
+                env=env,
+                detail={"count": result.processes_killed_at_end},
+            )
+        self._journal_event(
+            "exit",
+            f"exit {result.exit} ({result.reason})",
+            env=env,
+            detail={
+                "exit": result.exit,
+                "reason": result.reason,
+                "wall_s": round(result.wall_s, 3),
+                "peak_memory_bytes": result.peak_memory_bytes,
+            },
+        )
+
+    # -- product and verifier ---------------------------------------------
+    def _verify(self, store: Store, n: int) -> list[CheckResult]:
+        assert self._cg is not None
+        product = self.mission.settings.product
+        running: RunningSandbox | None = None
+        ns: NetNs | None = None
+        not_ready = ""
+        try:
+            if product is not None:
+                self.progress.update(phase="product", activity="starting the product")
+                running, ns, ready, why = self._start_product(n)
+                store.update_session(n, product_ready=int(ready))
+                self._journal_event(
+                    "product_ready" if ready else "product_not_ready",
+                    why,
+                    env="product",
+                    decision="observe" if ready else "deny",
+                )
+                if not ready:
+                    not_ready = why
+            if self._stopping():
+                raise _Stop
+            store.update_session(n, phase="verify")
+            self.progress.update(phase="verify", activity="running the checks")
+            results = []
+            for i, check in enumerate(self.mission.settings.checks):
+                if self._stopping():
+                    raise _Stop
+                self.progress.update(activity=f"check {i + 1}/{len(self.mission.settings.checks)}")
+                if check.http is not None and not_ready:
+                    results.append(
+                        CheckResult(check.name, False, f"product not ready: {not_ready}", None, 0.0)
+                    )
+                    continue
+                results.append(self._run_check(n, i, ns))
+            return results
+        finally:
+            if running is not None:
+                result = running.interrupt(signal.SIGKILL)
+                running.close()
+                self._journal_outcome("product", result)
+            if ns is not None:
+                ns.close()
+
+    def _start_product(self, n: int) -> tuple[RunningSandbox | None, NetNs | None, bool, str]:
+        assert self._cg is not None
+        product = self.mission.settings.product
+        assert product is not None
+        self.layout.product_dir(n).mkdir(parents=True, exist_ok=True)
+        holder: list[NetNs] = []
+        spec = product_spec(self.layout, self.mission, n)
+        sandbox = NamespaceSandbox(
+            spec, cgroup_parent=self._cg.relpath, network_hook=lambda pid: holder.append(NetNs(pid))
+        )
+        try:
+            running = sandbox.start()
+        except CorralError as exc:
+            for h in holder:
+                h.close()
+            return None, None, False, f"the product sandbox could not start: {exc}"
+        ns = holder[0]
+        ready, why = probe_ready(
+            ns,
+            product.port,
+            product.ready_path,
+            product.ready_timeout,
+            alive=lambda: running.proc.poll() is None and not self._stopping(),
+        )
+        if not ready:
+            err = _read_tail(self.layout.product_dir(n) / "stderr.log", 600).strip()
+            if err:
+                why += f"; product stderr: {err}"
+        return running, ns, ready, why
+
+    def _run_check(self, n: int, i: int, product_ns: NetNs | None) -> CheckResult:
+        assert self._cg is not None and self._forwarder is not None
+        check = self.mission.settings.checks[i]
+        cdir = self.layout.check_dir(n, i)
+        cdir.mkdir(parents=True, exist_ok=True)
+        spec = check_spec(
+            self.layout,
+            self.mission,
+            n=n,
+            i=i,
+            check=check,
+            http_checker=self.layout.tools / "http_check.py",
+        )
+        stops: list[Any] = []
+        product = self.mission.settings.product
+        fwd = self._forwarder
+
+        def hook(pid: int) -> None:
+            assert product is not None and product_ns is not None
+            ns = NetNs(pid)
+            try:
+                listener = ns.listen(product.port)
+            finally:
+                ns.close()
+            stops.append(fwd.expose(listener, product_ns, product.port))
+
+        sandbox = NamespaceSandbox(
+            spec,
+            cgroup_parent=self._cg.relpath,
+            network_hook=hook if product_ns is not None else None,
+        )
+        started = time.monotonic()
+        try:
+            running = sandbox.start()
+        except CorralError as exc:
+            return CheckResult(check.name, False, f"verifier refused: {exc}", None, 0.0)
+        try:
+            result = running.wait(check.timeout)
+        finally:
+            running.close()
+            for stop in stops:
+                stop()
+        took = time.monotonic() - started
+        self._journal_outcome("verifier", result)
+        output = (
+            _read_tail(cdir / "stdout.log", 3000) + _read_tail(cdir / "stderr.log", 1000)
+        ).strip()
+        if result.reason == "timeout":
+            return CheckResult(
+                check.name, False, f"timed out after {check.timeout:g}s", 124, took, output
+            )
+        passed = result.reason == "exited" and result.exit == 0
+        reason = "passed" if passed else f"exit {result.exit} ({result.reason})"
+        return CheckResult(check.name, passed, reason, result.exit, took, output)
+
+
+def _snapshot(repo: TrustedRepo, commit: str, dest: Path) -> list[str]:
+    """`repo.snapshot`, also for a commit of an empty tree."""
+    if repo.git("ls-tree", "--name-only", commit).strip():
+        return repo.snapshot(commit, dest)
+    # An empty tree's `git archive` is not a tar file tarfile accepts.
+    dest.mkdir(parents=True)
+    return []
+
+
+def _read_tail(path: Path, limit: int) -> str:
+    """The end of a file a sandbox wrote; never follows a link the sandbox planted."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return ""
+        os.lseek(fd, max(0, st.st_size - limit), os.SEEK_SET)
+        return os.read(fd, limit).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)

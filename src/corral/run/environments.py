@@ -1,0 +1,273 @@
+"""The three environments of a run as `SandboxSpec`s, and the agent's broker policy (pure).
+
+- agent: the workspace read-write; egress only through its broker, which
+  admits the provider route and the mission's allowlist;
+- product: a read-only snapshot of the session's commit; no egress at all; it
+  listens on its own loopback and corral forwards one port to the verifier;
+- verifier: one sandbox per check; the snapshot and the checks read-only (the
+  checks are a copy in the run directory, which no agent sandbox can see); no
+  egress; the product is reached on the verifier's own 127.0.0.1:PORT through
+  corral's forwarder.
+
+Every command's stdout and stderr go to files in a directory that sandbox
+alone may write (`sh -c 'exec >OUT 2>ERR'`): the namespace backend lets the
+sandbox inherit corral's own descriptors otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from corral.agents.base import Launch
+from corral.broker.config import BrokerConfig, RouteConfig
+from corral.run.mission import Check, Mission, ProviderRef
+from corral.sandbox.egress import sandbox_proxy_env
+from corral.sandbox.spec import DEFAULT_PATH, Bind, Limits, NetworkSpec, SandboxSpec
+
+__all__ = [
+    "HOME",
+    "PROVIDER_ROUTE",
+    "RunLayout",
+    "agent_broker_config",
+    "agent_spec",
+    "base_env",
+    "check_spec",
+    "product_spec",
+    "provider_base_url",
+    "redirect_argv",
+]
+
+HOME = "/home/corral"
+PROVIDER_ROUTE = "provider"
+_REAL_UPSTREAMS = {
+    "anthropic": ("https://api.anthropic.com", {"x-api-key": "env:ANTHROPIC_API_KEY"}),
+    "openai": ("https://api.openai.com", {"authorization": "env:CORRAL_OPENAI_BEARER"}),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RunLayout:
+    """Where everything of one run lives (all below `root`)."""
+
+    root: Path
+
+    @property
+    def run_id(self) -> str:
+        return self.root.name
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state.sqlite"
+
+    @property
+    def journal(self) -> Path:
+        return self.root / "journal.sqlite"
+
+    @property
+    def workspace(self) -> Path:
+        return self.root / "workspace"
+
+    @property
+    def git_dir(self) -> Path:
+        return self.root / "git"
+
+    @property
+    def tools(self) -> Path:
+        return self.root / "tools"
+
+    @property
+    def checks(self) -> Path:
+        return self.root / "checks"
+
+    @property
+    def mission(self) -> Path:
+        return self.root / "mission.md"
+
+    @property
+    def config(self) -> Path:
+        return self.root / "run.json"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report.md"
+
+    @property
+    def transcripts(self) -> Path:
+        return self.root / "transcripts"
+
+    def snapshot(self, n: int) -> Path:
+        return self.root / "snapshots" / f"session-{n}"
+
+    def session_dir(self, n: int) -> Path:
+        return self.root / "sessions" / f"session-{n}"
+
+    def agent_out(self, n: int) -> Path:
+        return self.session_dir(n) / "agent"
+
+    def product_dir(self, n: int) -> Path:
+        return self.session_dir(n) / "product"
+
+    def check_dir(self, n: int, i: int) -> Path:
+        return self.session_dir(n) / f"check-{i}"
+
+
+def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The allowlisted environment every sandboxed command starts from."""
+    env = {
+        "PATH": DEFAULT_PATH,
+        "HOME": HOME,
+        "TMPDIR": "/tmp",
+        "USER": "corral",
+        "LOGNAME": "corral",
+        "SHELL": "/bin/sh",
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    if extra:
+        env.update(extra)
+    return env
+
+
+def redirect_argv(argv: tuple[str, ...], out: Path, err: Path) -> tuple[str, ...]:
+    """`argv` with stdin from /dev/null and stdout/stderr into files (inside the sandbox)."""
+    script = 'exec <"/dev/null" >"$1" 2>"$2"; shift 2; exec "$@"'
+    return ("/bin/sh", "-c", script, "corral-io", str(out), str(err), *argv)
+
+
+def provider_base_url() -> str:
+    """The provider as the agent sees it: the broker route on its own loopback."""
+    return f"{sandbox_proxy_env()['CORRAL_BROKER_URL']}/routes/{PROVIDER_ROUTE}"
+
+
+def agent_broker_config(
+    mission: Mission, provider: ProviderRef, synthetic_url: str | None
+) -> BrokerConfig:
+    """Rules from `[network].allow` plus the provider route (credentials injected)."""
+    base = BrokerConfig.from_allow_flags(mission.settings.network.allow)
+    if provider.kind == "synthetic":
+        if synthetic_url is None:
+            raise ValueError("a synthetic provider needs its URL")
+        route = RouteConfig(upstream=synthetic_url, allow_private=True)
+    else:
+        upstream, inject = _REAL_UPSTREAMS[provider.kind]
+        route = RouteConfig(upstream=upstream, inject_header=inject)
+    return base.model_copy(update={"routes": {PROVIDER_ROUTE: route}})
+
+
+def _limits(mission: Mission, env: str, timeout_s: float | None) -> Limits:
+    lim = getattr(mission.settings.limits, env)
+    return Limits(memory_bytes=lim.memory, pids=lim.pids, cpus=lim.cpus, timeout_s=timeout_s)
+
+
+def agent_spec(
+    layout: RunLayout,
+    *,
+    mission: Mission,
+    n: int,
+    launch: Launch,
+    broker_config: BrokerConfig,
+    ro_paths: tuple[str, ...],
+) -> SandboxSpec:
+    """The agent sandbox of session `n`."""
+    out = layout.agent_out(n)
+    env = base_env(sandbox_proxy_env())
+    binds = [Bind(p, writable=False) for p in ro_paths]
+    binds.append(Bind(str(out), writable=True))
+    return SandboxSpec(
+        argv=redirect_argv(launch.wrapped_argv(), out / "stdout.log", out / "stderr.log"),
+        workspace=str(layout.workspace),
+        env=tuple(sorted(env.items())),
+        binds=tuple(binds),
+        limits=_limits(mission, "agent", mission.settings.session.wall_time),
+        network=NetworkSpec(
+            allow=mission.settings.network.allow, broker_config=broker_config.to_json()
+        ),
+        env_kind="agent",
+        home=HOME,
+        hostname="agent",
+        run_id=layout.run_id,
+        session_id=str(n),
+    )
+
+
+def product_spec(layout: RunLayout, mission: Mission, n: int) -> SandboxSpec:
+    """The product sandbox of session `n`: the snapshot read-only, no egress."""
+    product = mission.settings.product
+    assert product is not None
+    scratch = layout.product_dir(n)
+    snap = layout.snapshot(n)
+    script = f"cd {_q(str(snap))} && {product.command}"
+    env = base_env({"PORT": str(product.port), "CORRAL_SNAPSHOT": str(snap)})
+    return SandboxSpec(
+        argv=redirect_argv(
+            ("/bin/sh", "-c", script), scratch / "stdout.log", scratch / "stderr.log"
+        ),
+        workspace=str(scratch),
+        env=tuple(sorted(env.items())),
+        binds=(Bind(str(snap), writable=False),),
+        limits=_limits(mission, "product", None),
+        network=NetworkSpec(),
+        env_kind="product",
+        home=HOME,
+        hostname="product",
+        run_id=layout.run_id,
+        session_id=str(n),
+    )
+
+
+def check_spec(
+    layout: RunLayout,
+    mission: Mission,
+    *,
+    n: int,
+    i: int,
+    check: Check,
+    http_checker: Path,
+) -> SandboxSpec:
+    """The verifier sandbox of check `i` of session `n`."""
+    scratch = layout.check_dir(n, i)
+    snap = layout.snapshot(n)
+    extra = {"CORRAL_SNAPSHOT": str(snap), "CORRAL_CHECKS": str(layout.checks)}
+    product = mission.settings.product
+    if product is not None:
+        extra["PRODUCT_PORT"] = str(product.port)
+        extra["PRODUCT_URL"] = f"http://127.0.0.1:{product.port}"
+    binds = [Bind(str(snap), writable=False)]
+    if layout.checks.is_dir():
+        binds.append(Bind(str(layout.checks), writable=False))
+    if check.run is not None:
+        argv: tuple[str, ...] = ("/bin/sh", "-c", f"cd {_q(str(snap))} && {check.run}")
+    else:
+        assert check.http is not None and product is not None
+        method, path = check.http.split(" ", 1)
+        spec = {
+            "method": method,
+            "url": f"http://127.0.0.1:{product.port}{path}",
+            "body": check.body,
+            "headers": check.headers,
+            "expect_status": check.expect_status,
+            "expect_body": check.expect_body,
+            "timeout": check.timeout,
+        }
+        binds.append(Bind(str(http_checker.parent), writable=False))
+        argv = ("/usr/bin/python3", "-I", str(http_checker), json.dumps(spec))
+    env = base_env(extra)
+    return SandboxSpec(
+        argv=redirect_argv(argv, scratch / "stdout.log", scratch / "stderr.log"),
+        workspace=str(scratch),
+        env=tuple(sorted(env.items())),
+        binds=tuple(binds),
+        limits=_limits(mission, "verifier", check.timeout),
+        network=NetworkSpec(),
+        env_kind="verifier",
+        home=HOME,
+        hostname="verifier",
+        run_id=layout.run_id,
+        session_id=str(n),
+    )
+
+
+def _q(text: str) -> str:
+    return "'" + text.replace("'", "'\"'\"'") + "'"

@@ -1,0 +1,490 @@
+"""The mission file: Markdown with TOML front matter between `+++` lines (pure).
+
+    +++
+    agent = "script"
+    provider = "synthetic:scenario.yaml"
+    max_sessions = 3
+    [product]
+    command = "python3 server.py"
+    port = 8000
+    [[checks]]
+    name = "health"
+    http = "GET /health"
+    +++
+    # A small todo HTTP service
+    ...
+
+`parse_mission(text, path)` returns a frozen `Mission` or raises
+`ConfigError` whose message names the file, the line and what is wrong:
+unknown keys, bad values (sizes, durations, ports), TOML syntax errors and a
+missing front matter are all rejected. Paths in the front matter
+(`synthetic:FILE`, `checks_dir`) are relative to the mission file. Nothing
+here touches the file system except `load_mission`, which reads the file.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from corral.errors import ConfigError, UsageError
+from corral.sandbox.units import parse_cpus, parse_duration, parse_size
+
+__all__ = [
+    "AGENTS",
+    "Check",
+    "EnvLimits",
+    "Limits",
+    "Mission",
+    "MissionSettings",
+    "NetworkSettings",
+    "ProductSettings",
+    "ProviderRef",
+    "SessionSettings",
+    "load_mission",
+    "parse_mission",
+    "parse_provider",
+    "split_front_matter",
+]
+
+#: Agents a mission may name. `script` is corral's built-in *test* agent.
+AGENTS: tuple[str, ...] = ("script", "claude-code", "codex")
+_FENCE = "+++"
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,40}$")
+_HTTP_RE = re.compile(r"^(GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS) (/\S*)$")
+
+
+def _size(value: object) -> int:
+    if isinstance(value, bool):
+        raise ValueError("a size is a string like '512M' or a number of bytes")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError("a size must be positive")
+        return value
+    if isinstance(value, str):
+        try:
+            return parse_size(value)
+        except UsageError as exc:
+            raise ValueError(str(exc)) from None
+    raise ValueError("a size is a string like '512M' or a number of bytes")
+
+
+def _duration(value: object) -> float:
+    if isinstance(value, bool):
+        raise ValueError("a duration is a string like '30s' or a number of seconds")
+    if isinstance(value, int | float):
+        if value <= 0:
+            raise ValueError("a duration must be positive")
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return parse_duration(value)
+        except UsageError as exc:
+            raise ValueError(str(exc)) from None
+    raise ValueError("a duration is a string like '30s' or a number of seconds")
+
+
+def _cpus(value: object) -> float:
+    if isinstance(value, bool):
+        raise ValueError("cpus is a number like 0.5 or 2")
+    try:
+        return parse_cpus(str(value))
+    except UsageError as exc:
+        raise ValueError(str(exc)) from None
+
+
+class EnvLimits(BaseModel):
+    """Resource limits of one environment (agent, product or verifier)."""
+
+    model_config = _FROZEN
+
+    memory: int | None = Field(default=None, description="bytes, swap included")
+    cpus: float | None = None
+    pids: int | None = Field(default=None, ge=8, le=1_000_000)
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _mem(cls, value: object) -> object:
+        return None if value is None else _size(value)
+
+    @field_validator("cpus", mode="before")
+    @classmethod
+    def _cpu(cls, value: object) -> object:
+        return None if value is None else _cpus(value)
+
+
+class Limits(BaseModel):
+    """`[limits]`: the run-wide memory cap and each environment's limits."""
+
+    model_config = _FROZEN
+
+    run_memory: int = Field(default=4 << 30, description="run-wide memory cap (bytes)")
+    agent: EnvLimits = EnvLimits(memory=2 << 30, cpus=None, pids=1024)
+    product: EnvLimits = EnvLimits(memory=512 << 20, cpus=None, pids=256)
+    verifier: EnvLimits = EnvLimits(memory=1 << 30, cpus=None, pids=512)
+
+    @field_validator("run_memory", mode="before")
+    @classmethod
+    def _mem(cls, value: object) -> object:
+        return _size(value)
+
+    @model_validator(mode="after")
+    def _fits(self) -> Limits:
+        for name in ("agent", "product", "verifier"):
+            env: EnvLimits = getattr(self, name)
+            if env.memory is not None and env.memory > self.run_memory:
+                raise ValueError(
+                    f"{name}.memory ({env.memory} bytes) exceeds run_memory "
+                    f"({self.run_memory} bytes)"
+                )
+        return self
+
+
+class SessionSettings(BaseModel):
+    """`[session]`: the bounds of one agent session."""
+
+    model_config = _FROZEN
+
+    wall_time: float = 1800.0
+    token_budget: int | None = Field(default=None, ge=1)
+
+    @field_validator("wall_time", mode="before")
+    @classmethod
+    def _wall(cls, value: object) -> object:
+        return _duration(value)
+
+
+class NetworkSettings(BaseModel):
+    """`[network]`: destinations the agent may reach besides the provider."""
+
+    model_config = _FROZEN
+
+    allow: tuple[str, ...] = ()
+
+    @field_validator("allow")
+    @classmethod
+    def _allow(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from corral.broker.config import BrokerConfig
+
+        try:
+            BrokerConfig.from_allow_flags(value)
+        except ConfigError as exc:
+            raise ValueError(str(exc).replace("--allow ", "")) from None
+        return value
+
+
+class McpServer(BaseModel):
+    """`[mcp.servers.NAME]`: an MCP server offered to the agent through the gateway."""
+
+    model_config = _FROZEN
+
+    command: tuple[str, ...] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class McpSettings(BaseModel):
+    model_config = _FROZEN
+
+    servers: dict[str, McpServer] = Field(default_factory=dict)
+
+
+class ProductSettings(BaseModel):
+    """`[product]`: how the product is started from a snapshot and when it is ready."""
+
+    model_config = _FROZEN
+
+    command: str = Field(min_length=1)
+    port: int = Field(ge=1024, le=65535)
+    ready_path: str | None = None
+    ready_timeout: float = 20.0
+
+    @field_validator("ready_timeout", mode="before")
+    @classmethod
+    def _t(cls, value: object) -> object:
+        return _duration(value)
+
+    @field_validator("ready_path")
+    @classmethod
+    def _p(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError(f"ready_path starts with '/': {value!r}")
+        return value
+
+
+class Check(BaseModel):
+    """`[[checks]]`: one acceptance check, run in the verifier.
+
+    Exactly one of `run` (a shell command; passes when it exits 0) and
+    `http` (`"METHOD /path"` against the product; passes when the status is
+    `expect_status` and the body contains `expect_body`).
+    """
+
+    model_config = _FROZEN
+
+    name: str = Field(min_length=1, max_length=120)
+    run: str | None = None
+    http: str | None = None
+    body: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    expect_status: int = Field(default=200, ge=100, le=599)
+    expect_body: str | None = None
+    timeout: float = 60.0
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _t(cls, value: object) -> object:
+        return _duration(value)
+
+    @field_validator("http")
+    @classmethod
+    def _h(cls, value: str | None) -> str | None:
+        if value is not None and _HTTP_RE.match(value) is None:
+            raise ValueError(f"http is 'METHOD /path', e.g. 'GET /todos', not {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _one(self) -> Check:
+        if (self.run is None) == (self.http is None):
+            raise ValueError(f"check {self.name!r}: give exactly one of 'run' and 'http'")
+        if self.run is not None and (
+            self.body is not None or self.headers or self.expect_body is not None
+        ):
+            raise ValueError(f"check {self.name!r}: body/headers/expect_body need 'http'")
+        return self
+
+    @property
+    def kind(self) -> Literal["run", "http"]:
+        return "run" if self.run is not None else "http"
+
+
+class MissionSettings(BaseModel):
+    """The front matter, validated."""
+
+    model_config = _FROZEN
+
+    name: str | None = None
+    agent: Literal["script", "claude-code", "codex"] = "script"
+    provider: str = "synthetic:scenario.yaml"
+    model: str | None = None
+    max_sessions: int = Field(default=5, ge=1, le=1000)
+    token_budget: int | None = Field(default=None, ge=1, description="run-wide")
+    session: SessionSettings = SessionSettings()
+    limits: Limits = Limits()
+    network: NetworkSettings = NetworkSettings()
+    mcp: McpSettings = McpSettings()
+    product: ProductSettings | None = None
+    checks_dir: str | None = None
+    checks: Annotated[tuple[Check, ...], Field(min_length=1)]
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        if value is not None and _NAME_RE.match(value) is None:
+            raise ValueError(f"name is lowercase letters, digits and '-': {value!r}")
+        return value
+
+    @field_validator("provider")
+    @classmethod
+    def _provider(cls, value: str) -> str:
+        parse_provider(value)
+        return value
+
+    @model_validator(mode="after")
+    def _http_needs_product(self) -> MissionSettings:
+        if self.product is None and any(c.http for c in self.checks):
+            raise ValueError("http checks need a [product] section")
+        names = [c.name for c in self.checks]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate check names: {dupes}")
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderRef:
+    """`synthetic:FILE`, `anthropic` or `openai`."""
+
+    kind: Literal["synthetic", "anthropic", "openai"]
+    scenario: str | None = None
+
+    def __str__(self) -> str:
+        return f"synthetic:{self.scenario}" if self.kind == "synthetic" else self.kind
+
+
+def parse_provider(text: str) -> ProviderRef:
+    """Parse a provider setting; raises ValueError."""
+    if text in ("anthropic", "openai"):
+        return ProviderRef(text)  # type: ignore[arg-type]
+    if text.startswith("synthetic:") and len(text) > len("synthetic:"):
+        return ProviderRef("synthetic", text[len("synthetic:") :])
+    if text == "synthetic":
+        return ProviderRef("synthetic", "scenario.yaml")
+    raise ValueError(f"provider is 'synthetic:FILE', 'anthropic' or 'openai', not {text!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Mission:
+    """A validated mission: its settings, its product description and where it came from."""
+
+    settings: MissionSettings
+    description: str
+    path: Path
+    text: str
+
+    @property
+    def name(self) -> str:
+        if self.settings.name:
+            return self.settings.name
+        stem = self.path.parent.name if self.path.stem.upper() == "MISSION" else self.path.stem
+        slug = re.sub(r"[^a-z0-9-]+", "-", stem.lower()).strip("-")
+        if not slug or not slug[0].isalpha():
+            slug = "m-" + slug
+        return slug[:40] or "mission"
+
+    @property
+    def provider(self) -> ProviderRef:
+        return parse_provider(self.settings.provider)
+
+    def resolve(self, relative: str) -> Path:
+        """A path from the front matter, relative to the mission file."""
+        p = Path(relative)
+        return p if p.is_absolute() else (self.path.parent / p)
+
+    @property
+    def scenario_path(self) -> Path | None:
+        ref = self.provider
+        return self.resolve(ref.scenario) if ref.kind == "synthetic" and ref.scenario else None
+
+    @property
+    def checks_dir(self) -> Path | None:
+        d = self.settings.checks_dir
+        return self.resolve(d) if d else None
+
+
+def split_front_matter(text: str, path: str = "MISSION.md") -> tuple[str, int, str]:
+    """(front matter, line number of its first line, body); ConfigError if missing."""
+    lines = text.splitlines()
+    start = 0
+    while start < len(lines) and not lines[start].strip():
+        start += 1
+    if start >= len(lines) or lines[start].strip() != _FENCE:
+        raise ConfigError(
+            f"{path}:{start + 1}: a mission starts with TOML front matter between '+++' lines"
+        )
+    for end in range(start + 1, len(lines)):
+        if lines[end].strip() == _FENCE:
+            front = "\n".join(lines[start + 1 : end])
+            body = "\n".join(lines[end + 1 :]).strip()
+            return front, start + 2, body
+    raise ConfigError(f"{path}:{start + 1}: the front matter's closing '+++' is missing")
+
+
+def _locate(front: str, loc: tuple[int | str, ...]) -> int | None:
+    """Best-effort 0-based line within `front` of the key path `loc`."""
+    lines = front.splitlines()
+    keys = [k for k in loc if isinstance(k, str)]
+    index = next((k for k in loc if isinstance(k, int)), None)
+    best: int | None = None
+    section: list[str] = []
+    array_counts: dict[str, int] = {}
+    for i, raw in enumerate(lines):
+        line = raw.split("#", 1)[0].strip()
+        m = re.match(r"^\[\[\s*([^\]]+?)\s*\]\]$", line) or re.match(r"^\[\s*([^\]]+?)\s*\]$", line)
+        if m:
+            section = [p.strip().strip('"') for p in m.group(1).split(".")]
+            if line.startswith("[["):
+                name = ".".join(section)
+                array_counts[name] = array_counts.get(name, -1) + 1
+            if (
+                keys[: len(section)] == section
+                and best is None
+                and len(section) == len(keys)
+                and (not line.startswith("[[") or array_counts[".".join(section)] == (index or 0))
+            ):
+                best = i
+            continue
+        km = re.match(r"^([A-Za-z0-9_\-\".]+)\s*=", line)
+        if not km:
+            continue
+        full = section + [p.strip().strip('"') for p in km.group(1).split(".")]
+        in_right_item = True
+        if section and ".".join(section) in array_counts:
+            in_right_item = array_counts[".".join(section)] == (index or 0)
+        if not in_right_item:
+            continue
+        if full == keys[: len(full)] and len(full) >= 1:
+            if full == keys:
+                return i
+            if best is None or len(full) > 1:
+                best = i
+    return best
+
+
+def _fmt_loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "front matter"
+
+
+def parse_mission(text: str, path: str | Path = "MISSION.md") -> Mission:
+    """Validate a mission document; raises ConfigError naming the line and the problem."""
+    name = str(path)
+    front, first_line, body = split_front_matter(text, name)
+    try:
+        data: dict[str, Any] = tomllib.loads(front)
+    except tomllib.TOMLDecodeError as exc:
+        msg = str(exc)
+        m = re.search(r"\(at line (\d+), column (\d+)\)", msg)
+        if m:
+            line = int(m.group(1)) + first_line - 1
+            msg = msg[: m.start()].strip()
+            raise ConfigError(f"{name}:{line}: TOML syntax error: {msg}") from None
+        raise ConfigError(f"{name}: TOML syntax error: {msg}") from None
+    try:
+        settings = MissionSettings.model_validate(data)
+    except ValidationError as exc:
+        problems: list[str] = []
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            # pydantic appends the union/validator name to some locations.
+            loc = tuple(p for p in loc if not (isinstance(p, str) and p.startswith("function-")))
+            where = _locate(front, loc)
+            lineno = f"{where + first_line}" if where is not None else "?"
+            if err["type"] == "extra_forbidden":
+                what = f"unknown key '{_fmt_loc(loc)}'"
+            elif err["type"] == "missing":
+                what = f"missing required key '{_fmt_loc(loc)}'"
+            else:
+                reason = str(err["msg"]).removeprefix("Value error, ")
+                what = f"'{_fmt_loc(loc)}': {reason}"
+            problems.append(f"{name}:{lineno}: {what}")
+        raise ConfigError("\n".join(problems)) from None
+    if not body:
+        raise ConfigError(f"{name}: the mission has no product description after the front matter")
+    return Mission(settings=settings, description=body, path=Path(path), text=text)
+
+
+def load_mission(path: str | Path) -> Mission:
+    """Read and validate a mission file (see `parse_mission`)."""
+    p = Path(path).absolute()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the mission: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: the mission is not UTF-8 text") from exc
+    mission = parse_mission(text, p)
+    scen = mission.scenario_path
+    if scen is not None and not scen.is_file():
+        raise ConfigError(f"{p}: provider scenario {scen} does not exist")
+    cdir = mission.checks_dir
+    if cdir is not None and not cdir.is_dir():
+        raise ConfigError(f"{p}: checks_dir {cdir} is not a directory")
+    return mission

@@ -1,0 +1,77 @@
+"""`report.md`: what a run did, rendered from its state (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from corral.run.mission import Mission
+from corral.run.store import CheckResult, RunRecord, SessionRecord
+
+__all__ = ["render_report"]
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")[:200]
+
+
+def render_report(
+    mission: Mission,
+    run: RunRecord,
+    sessions: Sequence[SessionRecord],
+    checks: Mapping[int, Sequence[CheckResult]],
+    *,
+    allowed: int,
+    denied: int,
+) -> str:
+    """The Markdown report of a run."""
+    done = [s for s in sessions if s.state == "done"]
+    last = checks.get(done[-1].n, []) if done else []
+    passing = sum(1 for c in last if c.passed)
+    lines = [
+        f"# corral run {run.id}",
+        "",
+        f"- mission: {mission.name} (`{mission.path}`)",
+        f"- agent: {run.agent}; provider: {run.provider}",
+        f"- state: **{run.state}** - {run.end_reason or ''}",
+        f"- sessions: {len(sessions)} ({len(done)} completed) of at most {run.max_sessions}",
+        f"- checks passing after the last session: {passing}/{len(last)}",
+        f"- observations: {allowed} allowed, {denied} denied (`corral log .corral/runs/{run.id}`)",
+        f"- run memory: kernel peak {_mib(run.peak_memory)} of the {_mib(run.memory_cap)} cap",
+        f"- tokens: {sum(s.tokens for s in sessions)}",
+        f"- last commit: `{run.last_commit or '-'}`",
+        "",
+        "## Sessions",
+        "",
+        "| # | state | ended because | agent exit | tokens | wall s | killed at end "
+        "| product ready | checks | run peak | commit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in sessions:
+        ready = "-" if s.product_ready is None else ("yes" if s.product_ready else "no")
+        lines.append(
+            f"| {s.n} | {s.state} | {_cell(s.end_reason or '')} | "
+            f"{'-' if s.agent_exit is None else s.agent_exit} | {s.tokens} | {s.wall_s:.1f} | "
+            f"{s.processes_killed} | {ready} | {s.checks_passed}/{s.checks_total} | "
+            f"{_mib(s.run_peak_memory)} | `{(s.commit_sha or '-')[:12]}` |"
+        )
+    for s in sessions:
+        results = checks.get(s.n, [])
+        if not results:
+            continue
+        lines += [
+            "",
+            f"## Checks after session {s.n}",
+            "",
+            "| check | result | reason | s |",
+            "|---|---|---|---|",
+        ]
+        for c in results:
+            lines.append(
+                f"| {_cell(c.name)} | {'pass' if c.passed else 'FAIL'} | {_cell(c.reason)} | "
+                f"{c.duration_s:.2f} |"
+            )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,96 @@
+"""The run cgroup: `corral/run-<id>`, one memory cap over every process of the run.
+
+Each sandbox's cgroup is created below it by the namespace backend
+(`cgroup_parent="corral/run-<id>"`); the run's brokers are moved into its
+`helpers` child. On cgroup v1 a parent's memory limit (and memsw) covers its
+children (hierarchical accounting is always on in current kernels), so the
+kernel's peak counter of the run cgroup (`memory.max_usage_in_bytes`, or
+`memory.peak` on v2) is the run's peak, helpers included.
+
+`sweep()` is the recovery step: it kills every process found anywhere in the
+run's subtree, in every hierarchy, and removes the cgroups, deepest first.
+A run id always starts with a letter, so `run-<id>` never looks like a
+per-sandbox cgroup (`<env>-<pid>-<hex>`) to the backend's stale sweep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from corral.errors import CgroupError
+from corral.sandbox.cgroup import Cgroup, CgroupLayout, detect_layout
+from corral.sandbox.spec import Limits
+
+__all__ = ["RunCgroup", "run_cgroup_path"]
+
+
+def run_cgroup_path(run_id: str) -> str:
+    return f"corral/run-{run_id}"
+
+
+class RunCgroup:
+    """The cgroup subtree of one run."""
+
+    def __init__(self, layout: CgroupLayout, run_id: str) -> None:
+        self.layout = layout
+        self.relpath = run_cgroup_path(run_id)
+        self.cgroup = Cgroup(layout, self.relpath)
+
+    @classmethod
+    def detect(cls, run_id: str) -> RunCgroup | None:
+        layout = detect_layout()
+        return None if layout is None else cls(layout, run_id)
+
+    def _roots(self) -> list[str]:
+        roots = [m for _, m in self.layout.v1]
+        if self.layout.unified:
+            roots.append(self.layout.unified)
+        return list(dict.fromkeys(roots))
+
+    def exists(self) -> bool:
+        return any(os.path.isdir(os.path.join(r, self.relpath)) for r in self._roots())
+
+    def descendants(self) -> list[str]:
+        """Relative paths of every cgroup below the run's, deepest first."""
+        found: set[str] = set()
+        for root in self._roots():
+            base = Path(root, self.relpath)
+            if not base.is_dir():
+                continue
+            for dirpath, dirnames, _ in os.walk(base):
+                for d in dirnames:
+                    found.add(os.path.relpath(os.path.join(dirpath, d), root))
+        return sorted(found, key=lambda p: (-p.count("/"), p))
+
+    def pids(self) -> set[int]:
+        """Every process in the run's subtree."""
+        out = set(self.cgroup.pids())
+        for rel in self.descendants():
+            out |= Cgroup(self.layout, rel).pids()
+        return out
+
+    def create(self, memory_cap: int) -> None:
+        """Create the run cgroup (with its cap) and its `helpers` child."""
+        Cgroup.create(self.layout, self.relpath, Limits(memory_bytes=memory_cap))
+        Cgroup.create(self.layout, f"{self.relpath}/helpers", Limits())
+
+    def attach_helper(self, pid: int) -> None:
+        Cgroup(self.layout, f"{self.relpath}/helpers").attach_pid(pid)
+
+    def peak_memory(self) -> int:
+        return self.cgroup.usage().peak_memory_bytes if self.exists() else 0
+
+    def oom_kills(self) -> int:
+        return self.cgroup.usage().oom_kills if self.exists() else 0
+
+    def sweep(self) -> int:
+        """Kill every process of the run and remove its cgroups; the number killed."""
+        killed = len(self.pids())
+        for rel in self.descendants():
+            with contextlib.suppress(CgroupError):
+                Cgroup(self.layout, rel).remove(timeout_s=5.0)
+        if self.exists():
+            self.cgroup.remove(timeout_s=5.0)
+        return killed

@@ -1,0 +1,46 @@
+"""End to end with the real Claude Code CLI (installed by scripts/install-agents.sh).
+
+The same examples and scenarios as with the script test agent: the synthetic
+provider plays them to Claude Code through the agent's broker route.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from corral.run.agent_port import tools_dir
+from corral.run.store import Store
+from tests.integration.run.helpers import EXAMPLES, corral, journal_ok, new_id, run_cgroup
+
+pytestmark = [pytest.mark.requires_sandbox, pytest.mark.requires_npm, pytest.mark.timeout(90)]
+
+
+@pytest.mark.parametrize("example", ["todo-cli", "todo-api"])
+def test_claude_code_passes_the_example_in_two_sessions(tmp_path: Path, example: str) -> None:
+    if not (tools_dir() / "npm" / "claude-code" / "node_modules" / ".bin" / "claude").exists():
+        pytest.skip("Claude Code is not installed: run scripts/install-agents.sh claude-code")
+    rid = new_id()
+    proc = corral(
+        "run",
+        str(EXAMPLES / example / "MISSION.md"),
+        "--agent",
+        "claude-code",
+        "--plain",
+        "--id",
+        rid,
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        cwd=tmp_path,
+        timeout=80,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = tmp_path / "runs" / rid
+    with Store(run_dir / "state.sqlite", readonly=True) as s:
+        assert s.run().state == "passed" and s.run().agent == "claude-code"
+        s1, s2 = s.sessions()
+    assert s1.checks_passed < s1.checks_total and s2.checks_passed == s2.checks_total
+    assert s1.tokens > 0
+    assert journal_ok(run_dir / "journal.sqlite")
+    assert not run_cgroup(rid).exists()
