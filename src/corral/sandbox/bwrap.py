@@ -86,6 +86,8 @@ class BwrapPlan:
     #: dest path -> fd whose content becomes that read-only file.
     data_files: tuple[tuple[str, int], ...]
     init_argv: tuple[str, ...]
+    #: (host source, dest) read-only binds of corral's own files (the compiled init).
+    ro_binds: tuple[tuple[str, str], ...] = ()
     sandbox_uid: int = 1000
     sandbox_gid: int = 1000
     seccomp_fd: int | None = None
@@ -138,6 +140,8 @@ def build_argv(plan: BwrapPlan) -> list[str]:
         argv += ["--ro-bind", path, path]
     for dest, fd in plan.data_files:
         argv += ["--ro-bind-data", str(fd), dest]
+    for source, dest in plan.ro_binds:
+        argv += ["--ro-bind", source, dest]
     for bind in sorted(plan.binds, key=_depth_key):
         argv += ["--bind" if bind.writable else "--ro-bind", bind.source, bind.dest]
     argv += ["--remount-ro", "/"]

@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from corral.errors import CgroupError, LayerUnavailableError, SandboxStartError
 from corral.sandbox import bwrap as bw
@@ -188,8 +189,11 @@ class NamespaceSandbox:
         cgroup_parent: str = "corral",
         cgroup_layout: CgroupLayout | None = None,
         network_hook: Callable[[int], None] | None = None,
+        init_kind: Literal["auto", "c", "python"] = "auto",
     ) -> None:
         self.spec = spec
+        self.init_kind = init_kind
+        self._abi = 0
         self.cgroup_parent = cgroup_parent
         self._layout = cgroup_layout
         self._network_hook = network_hook
@@ -258,11 +262,17 @@ class NamespaceSandbox:
 
         abi = landlock_abi()
         ll_reason = None if abi > 0 else "Landlock is not enabled in this kernel"
-        if not os.access(INIT_PYTHON, os.X_OK):
-            ll_reason = f"{INIT_PYTHON} (runs the in-sandbox init) is missing"
+        if ll_reason is None:
+            from corral.sandbox import landlock
+
+            try:
+                landlock.plan(landlock.LandlockRules.from_dict(landlock_rules_for(spec)), abi)
+            except landlock.LandlockError as exc:
+                ll_reason = exc.strerror or str(exc)
         use_landlock = layers.need(spec, "landlock", ll_reason, "boot with lsm=...,landlock")
         if use_landlock:
             layers.active["landlock"] = abi
+        self._abi = abi
 
         use_idmap = self.is_root
         if use_idmap:
@@ -273,14 +283,26 @@ class NamespaceSandbox:
         spec = self.spec
         if not os.path.isdir(spec.workspace):
             raise SandboxStartError(2, f"workspace {spec.workspace} is not a directory")
-        if not os.access(INIT_PYTHON, os.X_OK):
-            raise SandboxStartError(2, f"{INIT_PYTHON} is required inside the sandbox for its init")
 
     def start(self) -> RunningSandbox:
         """Start the sandbox; raises LayerUnavailableError or SandboxStartError."""
         self._validate()
         layers, layout, bpf, use_landlock, bwrap_path = self._check_layers()
         spec = self.spec
+        binary = None
+        if self.init_kind != "python":
+            from corral.sandbox.initbin import init_binary
+
+            binary = init_binary(cache_dir())
+            if binary is None and self.init_kind == "c":
+                raise SandboxStartError(0, "the compiled init is unavailable (no C compiler?)")
+        if binary is None and not os.access(INIT_PYTHON, os.X_OK):
+            raise LayerUnavailableError(
+                "init",
+                f"no C compiler for the compiled init and no {INIT_PYTHON}",
+                "apt-get install gcc or python3",
+            )
+        layers.active["init"] = "c" if binary else "python"
         started = time.monotonic()
         cgroup: Cgroup | None = None
         fds_to_close: list[int] = []
@@ -300,17 +322,15 @@ class NamespaceSandbox:
             fds_to_close.append(err_w)
             pass_fds = [status_w]
 
+            init_argv, init_files, init_binds = init_command(
+                spec, binary=binary, abi=self._abi if use_landlock else 0, status_fd=status_w
+            )
             data_files: list[tuple[str, int]] = []
             for dest, content in (
                 ("/etc/passwd", _passwd(spec.home)),
                 ("/etc/group", _group()),
                 ("/etc/hosts", _hosts(spec.hostname)),
-                (f"{bw.INIT_DIR}/init.py", (_SRC_DIR / "init.py").read_bytes()),
-                *(
-                    [(f"{bw.INIT_DIR}/landlock.py", (_SRC_DIR / "landlock.py").read_bytes())]
-                    if use_landlock
-                    else []
-                ),
+                *init_files,
             ):
                 fd = _memfd(os.path.basename(dest), content)
                 fds_to_close.append(fd)
@@ -343,7 +363,6 @@ class NamespaceSandbox:
             else:
                 staged = [bw.StagedBind(p, p, w) for p, w in binds]
 
-            rules_json = json.dumps(landlock_rules_for(spec)) if use_landlock else "-"
             plan = bw.BwrapPlan(
                 bwrap=bwrap_path,
                 spec=spec,
@@ -351,16 +370,8 @@ class NamespaceSandbox:
                 etc_entries=_etc_entries(),
                 binds=tuple(staged),
                 data_files=tuple(data_files),
-                init_argv=(
-                    INIT_PYTHON,
-                    "-I",
-                    "-S",
-                    f"{bw.INIT_DIR}/init.py",
-                    str(status_w),
-                    rules_json,
-                    "--",
-                    *spec.argv,
-                ),
+                init_argv=init_argv,
+                ro_binds=init_binds,
                 sandbox_uid=INSIDE_UID,
                 sandbox_gid=INSIDE_UID,
                 seccomp_fd=seccomp_fd,
@@ -650,41 +661,76 @@ class RunningSandbox:
                 os.close(self._status_fd)
 
 
+def init_command(
+    spec: SandboxSpec, *, binary: str | None, abi: int, status_fd: int
+) -> tuple[tuple[str, ...], list[tuple[str, bytes]], tuple[tuple[str, str], ...]]:
+    """How bwrap starts the init: (argv, files to place, read-only binds).
+
+    `abi` 0 means no Landlock. The compiled init gets the ruleset decided here
+    by `landlock.plan` as numbers; the Python init gets the rules as JSON and
+    its landlock module.
+    """
+    if binary is not None:
+        args: list[str] = []
+        if abi:
+            from corral.sandbox import landlock
+
+            p = landlock.plan(landlock.LandlockRules.from_dict(landlock_rules_for(spec)), abi)
+            args += [
+                "--ll",
+                str(p.abi),
+                str(p.handled_fs),
+                str(p.handled_net),
+                str(p.scoped),
+                str(p.restrict_flags),
+            ]
+            for path, mask in p.paths:
+                args += ["--path", str(mask), path]
+            for port, access in p.ports:
+                args += ["--port", str(access), str(port)]
+        dest = f"{bw.INIT_DIR}/init"
+        return (dest, str(status_fd), *args, "--", *spec.argv), [], ((binary, dest),)
+    files = [(f"{bw.INIT_DIR}/init.py", (_SRC_DIR / "init.py").read_bytes())]
+    rules = "-"
+    if abi:
+        files.append((f"{bw.INIT_DIR}/landlock.py", (_SRC_DIR / "landlock.py").read_bytes()))
+        rules = json.dumps(landlock_rules_for(spec))
+    argv = (
+        INIT_PYTHON,
+        "-I",
+        "-S",
+        f"{bw.INIT_DIR}/init.py",
+        str(status_fd),
+        rules,
+        "--",
+        *spec.argv,
+    )
+    return argv, files, ()
+
+
 def preview_argv(spec: SandboxSpec, *, root: bool | None = None) -> list[str]:
     """The bwrap argv `start()` would use, with placeholder descriptor numbers."""
+    from corral.sandbox.initbin import init_binary
+    from corral.sandbox.probe import landlock_abi
+
     root = os.geteuid() == 0 if root is None else root
     binds = [(spec.workspace, True), *((b.path, b.writable) for b in spec.binds)]
     staged = [
         bw.StagedBind(mounts.staged_path(i) if root else p, p, w) for i, (p, w) in enumerate(binds)
     ]
+    init_argv, init_files, init_binds = init_command(
+        spec, binary=init_binary(cache_dir()), abi=landlock_abi(), status_fd=3
+    )
+    dests = ["/etc/passwd", "/etc/group", "/etc/hosts", *(d for d, _ in init_files)]
     plan = bw.BwrapPlan(
         bwrap=shutil.which("bwrap") or "bwrap",
         spec=spec,
         system_links=_system_links(),
         etc_entries=_etc_entries(),
         binds=tuple(staged),
-        data_files=tuple(
-            (d, 10 + i)
-            for i, d in enumerate(
-                (
-                    "/etc/passwd",
-                    "/etc/group",
-                    "/etc/hosts",
-                    f"{bw.INIT_DIR}/init.py",
-                    f"{bw.INIT_DIR}/landlock.py",
-                )
-            )
-        ),
-        init_argv=(
-            INIT_PYTHON,
-            "-I",
-            "-S",
-            f"{bw.INIT_DIR}/init.py",
-            "3",
-            json.dumps(landlock_rules_for(spec)),
-            "--",
-            *spec.argv,
-        ),
+        data_files=tuple((d, 10 + i) for i, d in enumerate(dests)),
+        init_argv=init_argv,
+        ro_binds=init_binds,
         sandbox_uid=INSIDE_UID,
         sandbox_gid=INSIDE_UID,
         seccomp_fd=15,

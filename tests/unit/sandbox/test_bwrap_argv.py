@@ -159,3 +159,14 @@ def test_no_host_root_or_secrets_mounted() -> None:
     assert not any(
         s.startswith(("/root", "/home", "/etc/shadow", "/var/run", "/run/user")) for s in sources
     )
+
+
+def test_ro_binds_follow_data_files_before_user_binds() -> None:
+    argv = build_argv(_plan(ro_binds=(("/var/cache/corral/corral-init-x", "/run/corral/init"),)))
+    i = argv.index("/run/corral/init")
+    assert argv[i - 2 : i + 1] == [
+        "--ro-bind",
+        "/var/cache/corral/corral-init-x",
+        "/run/corral/init",
+    ]
+    assert argv.index("/etc/passwd") < i < argv.index("/work/p")
