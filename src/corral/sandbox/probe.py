@@ -19,6 +19,7 @@ __all__ = [
     "LayerStatus",
     "all_layers",
     "landlock_abi",
+    "probe_agents",
     "probe_bwrap",
     "probe_cgroup",
     "probe_init_python",
@@ -304,15 +305,54 @@ def probe_qemu() -> LayerStatus:
 
 
 def probe_init_python() -> LayerStatus:
-    path = "/usr/bin/python3"
-    if not os.access(path, os.X_OK):
+    """The in-sandbox init: compiled from init.c when a C compiler exists, else init.py."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    py = "/usr/bin/python3"
+    if cc is not None:
+        return LayerStatus("init", True, f"compiled init (built with {cc} on first use, cached)")
+    if os.access(py, os.X_OK):
         return LayerStatus(
             "init",
-            False,
-            f"{path} missing: the in-sandbox init (Landlock) needs it",
-            "apt-get install python3",
+            True,
+            f"no C compiler: the init runs on {py} (about 20 ms slower)",
+            "apt-get install gcc for faster start-up",
         )
-    return LayerStatus("init", True, f"in-sandbox init runs on {path}")
+    return LayerStatus(
+        "init",
+        False,
+        f"neither a C compiler nor {py}: the in-sandbox init cannot run",
+        "apt-get install gcc",
+    )
+
+
+def probe_agents() -> list[LayerStatus]:
+    """The agent CLIs in corral's tools folder (not protection layers; `corral run` needs one)."""
+    from corral.agents.install import default_tools_dir, executable_path, installed_version
+    from corral.agents.registry import get_adapter
+
+    out: list[LayerStatus] = []
+    tools = default_tools_dir()
+    for name in ("claude-code", "codex"):
+        adapter = get_adapter(name)
+        version = installed_version(adapter, tools)
+        if version is None:
+            out.append(
+                LayerStatus(
+                    f"agent {name}",
+                    False,
+                    f"not installed in {tools}",
+                    f"scripts/install-agents.sh {name}",
+                )
+            )
+        else:
+            out.append(
+                LayerStatus(
+                    f"agent {name}",
+                    True,
+                    f"{adapter.package.name} {version} at {executable_path(adapter, tools)}",
+                )
+            )
+    return out
 
 
 def all_layers() -> list[LayerStatus]:
@@ -326,6 +366,7 @@ def all_layers() -> list[LayerStatus]:
         probe_init_python(),
         probe_kvm(),
         probe_qemu(),
+        *probe_agents(),
     ]
 
 
