@@ -1,4 +1,4 @@
-# corral: `make demo` installs everything and runs a sandboxed demo;
+# corral: `make demo` installs everything and runs a mission with the real Claude Code CLI (offline);
 # `make test` installs everything and runs the checks and the test suite.
 PYTHON ?= python3
 VENV ?= .venv
@@ -24,13 +24,10 @@ venv: $(STAMP)
 agents:
 	bash scripts/install-agents.sh
 
+# The main job: a mission run by the real Claude Code CLI, offline (synthetic provider).
 demo: install
 	$(BIN)/corral doctor
-	mkdir -p .corral/demo
-	$(BIN)/corral exec --workspace .corral/demo --memory 512M --pids 256 --cpus 1 --timeout 60 --json -- \
-	  sh -c 'echo "hello from $$(id -un) in $$(pwd)"; python3 -c "print(\"python works\")"; \
-	         setsid sleep 1000 & echo "a setsid daemon was started; corral kills it at exit"; \
-	         cat ~/.ssh/id_rsa /root/.ssh/id_rsa 2>&1 | head -2'
+	$(BIN)/corral run examples/todo-api/MISSION.md --agent claude-code
 
 lint: venv
 	$(BIN)/ruff check src tests bench

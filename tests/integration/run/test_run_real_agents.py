@@ -6,6 +6,7 @@ provider plays them to Claude Code through the agent's broker route.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,10 @@ pytestmark = [pytest.mark.requires_sandbox, pytest.mark.requires_npm, pytest.mar
 @pytest.mark.parametrize("example", ["todo-cli", "todo-api"])
 def test_claude_code_passes_the_example_in_two_sessions(tmp_path: Path, example: str) -> None:
     if not (tools_dir() / "npm" / "claude-code" / "node_modules" / ".bin" / "claude").exists():
-        pytest.skip("Claude Code is not installed: run scripts/install-agents.sh claude-code")
+        reason = "Claude Code is not installed: run scripts/install-agents.sh claude-code"
+        if os.environ.get("CORRAL_REQUIRE_ALL") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
     rid = new_id()
     proc = corral(
         "run",
