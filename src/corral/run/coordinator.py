@@ -386,6 +386,7 @@ class Coordinator:
             {s.n: store.checks(s.n) for s in sessions},
             allowed=allowed,
             denied=denied,
+            run_dir=str(self.layout.root),
         )
         tmp = self.layout.report.with_suffix(".tmp")
         tmp.write_text(text, encoding="utf-8")
@@ -456,7 +457,7 @@ class Coordinator:
             activity=f"session {n}: {sum(r.passed for r in results)}/{len(results)} checks",
         )
         self.progress.line(
-            f"session {n}: agent {end_reason}; "
+            f"session {n}: {end_reason}; "
             f"{sum(r.passed for r in results)}/{len(results)} checks passed; "
             f"run memory peak {peak} of {run.memory_cap} bytes"
         )
