@@ -29,6 +29,7 @@ def render_report(
     run_dir: str | None = None,
 ) -> str:
     """The Markdown report of a run."""
+    log_dir = run_dir or f".corral/runs/{run.id}"
     done = [s for s in sessions if s.state == "done"]
     last = checks.get(done[-1].n, []) if done else []
     passing = sum(1 for c in last if c.passed)
@@ -40,7 +41,7 @@ def render_report(
         f"- state: **{run.state}** - {run.end_reason or ''}",
         f"- sessions: {len(sessions)} ({len(done)} completed) of at most {run.max_sessions}",
         f"- checks passing after the last session: {passing}/{len(last)}",
-        f"- observations: {allowed} allowed, {denied} denied (`corral log {run_dir or f'.corral/runs/{run.id}'}`)",
+        f"- observations: {allowed} allowed, {denied} denied (`corral log {log_dir}`)",
         f"- run memory: kernel peak {_mib(run.peak_memory)} of the {_mib(run.memory_cap)} cap",
         f"- tokens: {sum(s.tokens for s in sessions)}",
         f"- last commit: `{run.last_commit or '-'}`",
