@@ -90,6 +90,29 @@ def _drop_to(uid: int) -> Callable[[], None]:
     return fn
 
 
+def _in_process(ws: str, runs: int) -> list[float]:
+    """The sandbox alone, as `corral run` uses it: no interpreter start-up, no imports."""
+    from corral.sandbox.exec_cli import sandbox_env
+    from corral.sandbox.namespace import NamespaceSandbox
+    from corral.sandbox.spec import SandboxSpec
+
+    spec = SandboxSpec(
+        argv=("true",), workspace=ws, env=tuple(sorted(sandbox_env("/home/corral", {}).items()))
+    )
+    out: list[float] = []
+    for _ in range(runs + 2):
+        t0 = time.perf_counter()
+        running = NamespaceSandbox(spec).start()
+        try:
+            result = running.wait(30)
+        finally:
+            running.close()
+        out.append(time.perf_counter() - t0)
+        if result.exit != 0:
+            raise SystemExit(f"in-process sandbox failed: {result}")
+    return out[2:]
+
+
 def _fmt(xs: list[float]) -> str:
     xs = sorted(xs)
     p90 = xs[min(len(xs) - 1, int(len(xs) * 0.9))]
@@ -115,6 +138,8 @@ def main() -> int:
         results["corral exec -- true"] = _timed(
             [*corral, "--workspace", ws, "--", "true"], args.runs
         )
+        results["sandbox in-process"] = _in_process(ws, args.runs)
+        results["python -c pass (venv)"] = _timed([sys.executable, "-c", "pass"], args.runs)
         srt = shutil.which("srt") or str(REPO / "tools/srt/node_modules/.bin/srt")
         if os.access(srt, os.X_OK):
             results["srt -c true"] = _timed([srt, "-c", "true"], max(5, args.runs // 3))
@@ -131,6 +156,9 @@ def main() -> int:
         ratio = c / med["srt -c true"]
         print(f"ratio corral / srt:                   {ratio:.2f}x  (target <= 0.15x)")
     print(f"corral median:                        {c * 1000:.1f} ms (target <= 30 ms)")
+    lib = med["sandbox in-process"]
+    ratio = lib / med["bare bwrap"]
+    print(f"in-process sandbox / bare bwrap:      {ratio:.2f}x  ({lib * 1000:.1f} ms)")
     return 0
 
 

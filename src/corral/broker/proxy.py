@@ -70,6 +70,33 @@ Header = tuple[bytes, bytes]
 _RECV = 262144
 
 
+#: Header values journaled per request are cut here; names are always kept.
+_HEADER_VALUE_LIMIT = 512
+_HEADER_COUNT_LIMIT = 64
+
+
+def request_headers(request: h11.Request, stripped: frozenset[bytes]) -> list[list[str]]:
+    """The client's request headers for the journal (data can leave in them).
+
+    Headers a route strips (the sandbox's placeholder credentials) are shown as
+    `<stripped>`; the broker's injected secrets are never part of this list.
+    """
+    out: list[list[str]] = []
+    for i, (raw_name, raw_value) in enumerate(request.headers):
+        if i >= _HEADER_COUNT_LIMIT:
+            out.append(["...", f"{len(request.headers) - i} more headers"])
+            break
+        name = raw_name.decode("latin-1").lower()
+        if raw_name.lower() in stripped:
+            value = "<stripped>"
+        else:
+            value = raw_value.decode("latin-1")
+            if len(value) > _HEADER_VALUE_LIMIT:
+                value = value[:_HEADER_VALUE_LIMIT] + f"...(+{len(value) - _HEADER_VALUE_LIMIT})"
+        out.append([name, value])
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class RouteSecrets:
     """What a route adds and removes upstream; values never leave the broker."""
@@ -487,6 +514,12 @@ class _ClientConnection:
         extra: dict[str, Any] = {"method": method, "path": rest}
         if query:
             extra["query"] = query[:1024]
+        strip_names = (
+            self.state.routes.get(name, RouteSecrets((), frozenset())).strip
+            if route
+            else frozenset()
+        )
+        extra["headers"] = request_headers(request, strip_names)
         if route is not None:
             extra["upstream"] = f"{route.scheme}://{format_hostport(route.host, route.port)}"
         admitted = await self._admit(action, route.port if route else 0, extra)
@@ -515,6 +548,7 @@ class _ClientConnection:
         extra: dict[str, Any] = {"method": action.method}
         if action.query:
             extra["query"] = action.query[:1024]
+        extra["headers"] = request_headers(request, frozenset())
         admitted = await self._admit(action, action.port, extra)
         if admitted is None:
             return False

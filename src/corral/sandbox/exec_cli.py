@@ -17,12 +17,16 @@ import shlex
 import signal
 import sys
 from collections.abc import Sequence
-from types import FrameType
-from typing import NoReturn
 
 from corral.errors import CorralError, LayerUnavailableError, SandboxStartError, UsageError
 from corral.sandbox.spec import DEFAULT_PATH, LAYERS, Bind, Limits, NetworkSpec, SandboxSpec
 from corral.sandbox.units import parse_cpus, parse_duration, parse_size
+
+# Not `typing.TYPE_CHECKING`: importing typing costs ~5 ms on every `corral exec`.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import FrameType
+    from typing import NoReturn
 
 __all__ = ["build_spec", "parse_args", "run_exec", "sandbox_env", "validate_path"]
 

@@ -10,13 +10,9 @@ launcher falls back to init.py under /usr/bin/python3 (slower start-up).
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import os
-import shutil
 import stat
-import subprocess
-import tempfile
+import zlib
 
 __all__ = ["INIT_SOURCE", "init_binary"]
 
@@ -44,10 +40,21 @@ def init_binary(cache_dir: str) -> str | None:
             source = fh.read()
     except OSError:
         return None
-    key = hashlib.sha256(source + " ".join(_CFLAGS).encode()).hexdigest()[:16]
+    # The key only tells source versions apart (trust comes from the ownership
+    # check); crc32 avoids importing hashlib on every sandbox start.
+    key = f"{zlib.crc32(source + ' '.join(_CFLAGS).encode()):08x}-{len(source)}"
     path = os.path.join(cache_dir, f"corral-init-{key}")
     if _trusted(path):
         return path
+    return _build(path, cache_dir)
+
+
+def _build(path: str, cache_dir: str) -> str | None:
+    import contextlib
+    import shutil
+    import subprocess
+    import tempfile
+
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         return None

@@ -28,22 +28,23 @@ import contextlib
 import ctypes
 import json
 import os
-import secrets
 import select
-import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Literal
 
 from corral.errors import CgroupError, LayerUnavailableError, SandboxStartError
 from corral.sandbox import bwrap as bw
 from corral.sandbox import mounts
 from corral.sandbox.cgroup import Cgroup, CgroupLayout, CgroupUsage, detect_layout, sweep_stale
 from corral.sandbox.spec import SandboxSpec
+
+# Not `typing.TYPE_CHECKING`: importing typing costs ~5 ms on every `corral exec`.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Literal
 
 __all__ = [
     "INSIDE_UID",
@@ -76,7 +77,7 @@ _WRITABLE_DEV = (
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _libc = ctypes.CDLL(None, use_errno=True)
-_SRC_DIR = Path(__file__).resolve().parent
+_SRC_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +109,24 @@ class ExecResult:
             "oom_kills": self.oom_kills,
             "pids_limit_hits": self.pids_limit_hits,
         }
+
+
+def _which(name: str) -> str | None:
+    for d in os.environ.get("PATH", "/usr/bin:/bin").split(":"):
+        cand = os.path.join(d or ".", name)
+        if os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path, "w", encoding="ascii") as fh:
+        fh.write(text)
 
 
 def cache_dir() -> str:
@@ -203,7 +222,7 @@ class NamespaceSandbox:
     def _check_layers(self) -> tuple[_Layers, CgroupLayout | None, bytes | None, bool, str]:
         spec = self.spec
         layers = _Layers()
-        bwrap_path = shutil.which("bwrap") or ""
+        bwrap_path = _which("bwrap") or ""
         layers.need(
             spec,
             "bwrap",
@@ -258,13 +277,11 @@ class NamespaceSandbox:
         else:
             bpf = None
 
-        from corral.sandbox.probe import landlock_abi
+        from corral.sandbox import landlock
 
-        abi = landlock_abi()
+        abi = landlock.abi_version()
         ll_reason = None if abi > 0 else "Landlock is not enabled in this kernel"
         if ll_reason is None:
-            from corral.sandbox import landlock
-
             try:
                 landlock.plan(landlock.LandlockRules.from_dict(landlock_rules_for(spec)), abi)
             except landlock.LandlockError as exc:
@@ -310,7 +327,7 @@ class NamespaceSandbox:
             if layout is not None:
                 with contextlib.suppress(CgroupError, OSError):
                     sweep_stale(layout, self.cgroup_parent)
-                name = f"{spec.env_kind}-{os.getpid()}-{secrets.token_hex(4)}"
+                name = f"{spec.env_kind}-{os.getpid()}-{os.urandom(4).hex()}"
                 cgroup = Cgroup.create(layout, f"{self.cgroup_parent}/{name}", spec.limits)
             attach_fds = cgroup.open_attach_fds() if cgroup else []
             fds_to_close += attach_fds
@@ -558,12 +575,12 @@ class RunningSandbox:
     def freeze(self) -> None:
         if self.cgroup is None or "freezer" not in self.cgroup.dirs:
             raise CgroupError(0, "freezer unavailable")
-        Path(self.cgroup.dirs["freezer"], "freezer.state").write_text("FROZEN")
+        _write_text(os.path.join(self.cgroup.dirs["freezer"], "freezer.state"), "FROZEN")
 
     def thaw(self) -> None:
         if self.cgroup is None or "freezer" not in self.cgroup.dirs:
             raise CgroupError(0, "freezer unavailable")
-        Path(self.cgroup.dirs["freezer"], "freezer.state").write_text("THAWED")
+        _write_text(os.path.join(self.cgroup.dirs["freezer"], "freezer.state"), "THAWED")
 
     def wait(self, timeout_s: float | None = None) -> ExecResult:
         """Wait for the main process (or the timeout), then tear everything down."""
@@ -690,10 +707,12 @@ def init_command(
                 args += ["--port", str(access), str(port)]
         dest = f"{bw.INIT_DIR}/init"
         return (dest, str(status_fd), *args, "--", *spec.argv), [], ((binary, dest),)
-    files = [(f"{bw.INIT_DIR}/init.py", (_SRC_DIR / "init.py").read_bytes())]
+    files = [(f"{bw.INIT_DIR}/init.py", _read_bytes(os.path.join(_SRC_DIR, "init.py")))]
     rules = "-"
     if abi:
-        files.append((f"{bw.INIT_DIR}/landlock.py", (_SRC_DIR / "landlock.py").read_bytes()))
+        files.append(
+            (f"{bw.INIT_DIR}/landlock.py", _read_bytes(os.path.join(_SRC_DIR, "landlock.py")))
+        )
         rules = json.dumps(landlock_rules_for(spec))
     argv = (
         INIT_PYTHON,
@@ -710,8 +729,8 @@ def init_command(
 
 def preview_argv(spec: SandboxSpec, *, root: bool | None = None) -> list[str]:
     """The bwrap argv `start()` would use, with placeholder descriptor numbers."""
+    from corral.sandbox import landlock
     from corral.sandbox.initbin import init_binary
-    from corral.sandbox.probe import landlock_abi
 
     root = os.geteuid() == 0 if root is None else root
     binds = [(spec.workspace, True), *((b.path, b.writable) for b in spec.binds)]
@@ -719,11 +738,11 @@ def preview_argv(spec: SandboxSpec, *, root: bool | None = None) -> list[str]:
         bw.StagedBind(mounts.staged_path(i) if root else p, p, w) for i, (p, w) in enumerate(binds)
     ]
     init_argv, init_files, init_binds = init_command(
-        spec, binary=init_binary(cache_dir()), abi=landlock_abi(), status_fd=3
+        spec, binary=init_binary(cache_dir()), abi=landlock.abi_version(), status_fd=3
     )
     dests = ["/etc/passwd", "/etc/group", "/etc/hosts", *(d for d, _ in init_files)]
     plan = bw.BwrapPlan(
-        bwrap=shutil.which("bwrap") or "bwrap",
+        bwrap=_which("bwrap") or "bwrap",
         spec=spec,
         system_links=_system_links(),
         etc_entries=_etc_entries(),

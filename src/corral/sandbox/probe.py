@@ -18,8 +18,10 @@ __all__ = [
     "REQUIRED_LAYERS",
     "LayerStatus",
     "all_layers",
+    "kernel_audit_enabled",
     "landlock_abi",
     "probe_agents",
+    "probe_audit",
     "probe_bwrap",
     "probe_cgroup",
     "probe_init_python",
@@ -355,6 +357,49 @@ def probe_agents() -> list[LayerStatus]:
     return out
 
 
+_AUDIT_GET = 1000
+_NETLINK_AUDIT = 9
+
+
+def kernel_audit_enabled() -> bool | None:
+    """Whether the kernel's audit subsystem is on (it then reports seccomp and
+    Landlock denials); None when it cannot be asked (no audit support, no
+    CAP_AUDIT_CONTROL)."""
+    import socket
+    import struct
+
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_AUDIT) as s:
+            s.settimeout(1.0)
+            s.send(struct.pack("=IHHII", 16, _AUDIT_GET, 1, 1, 0))
+            data = s.recv(8192)
+    except OSError:
+        return None
+    if len(data) < 24 or struct.unpack_from("=IH", data)[1] != _AUDIT_GET:
+        return None
+    return bool(struct.unpack_from("=II", data, 16)[1])
+
+
+def probe_audit() -> LayerStatus:
+    enabled = kernel_audit_enabled()
+    if enabled is None:
+        return LayerStatus(
+            "audit",
+            False,
+            "the kernel audit subsystem cannot be queried",
+            "seccomp/Landlock denials are then not reported by the kernel",
+        )
+    if not enabled:
+        return LayerStatus(
+            "audit",
+            False,
+            "kernel audit is disabled: seccomp and Landlock denials are not reported "
+            "(denied all the same), so they cannot be journaled",
+            "boot with audit=1 or run `auditctl -e 1` to have them reported",
+        )
+    return LayerStatus("audit", True, "kernel audit is enabled")
+
+
 def all_layers() -> list[LayerStatus]:
     return [
         probe_bwrap(),
@@ -366,6 +411,7 @@ def all_layers() -> list[LayerStatus]:
         probe_init_python(),
         probe_kvm(),
         probe_qemu(),
+        probe_audit(),
         *probe_agents(),
     ]
 

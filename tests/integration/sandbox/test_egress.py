@@ -107,9 +107,10 @@ def test_allowlisted_reachable_others_denied_and_journaled(
     port, seen = upstream
     journal = tmp_path / "j.sqlite"
     cfg = _config(tmp_path, port)
+    exfil = f"EXFIL-{secrets.token_hex(6)}"
     script = "; ".join(
         [
-            _curl(f"http://allowed.test:{port}/ok"),
+            _curl(f"-H 'X-Exfil: {exfil}' http://allowed.test:{port}/ok"),
             _curl(f"http://other.test:{port}/no"),
             _curl(f"http://rebind.test:{port}/rebind"),
             _curl(f"http://127.0.0.1:{port}/direct"),
@@ -122,6 +123,9 @@ def test_allowlisted_reachable_others_denied_and_journaled(
     rows = [r for r in read_rows(journal) if r.kind != "process_event"]
     decisions = [(r.target, r.decision) for r in rows]
     assert (f"GET http://allowed.test:{port}/ok", "allow") in decisions
+    # Data leaving in a header of an allowed request is journaled (allowed-but-observed).
+    allowed_row = next(r for r in rows if r.decision == "allow")
+    assert ["x-exfil", exfil] in allowed_row.detail["headers"]
     assert any(t.startswith("GET http://other.test") and d == "deny" for t, d in decisions)
     assert any(t.startswith("GET http://rebind.test") and d == "deny" for t, d in decisions)
     assert out.summary["observations"] == {
@@ -136,6 +140,7 @@ def test_injected_credential_reaches_upstream_but_not_sandbox(
     workspace: Path, upstream: tuple[int, list[dict[str, str]]], tmp_path: Path
 ) -> None:
     port, seen = upstream
+    journal = tmp_path / "j.sqlite"
     secret = f"sk-test-{secrets.token_hex(12)}"
     cfg = _config(
         tmp_path,
@@ -152,7 +157,17 @@ def test_injected_credential_reaches_upstream_but_not_sandbox(
     )
     proc = subprocess.run(
         corral_argv(
-            "--workspace", str(workspace), "--config", str(cfg), "--json", "--", "sh", "-c", script
+            "--workspace",
+            str(workspace),
+            "--config",
+            str(cfg),
+            "--journal",
+            str(journal),
+            "--json",
+            "--",
+            "sh",
+            "-c",
+            script,
         ),
         capture_output=True,
         text=True,
@@ -164,6 +179,10 @@ def test_injected_credential_reaches_upstream_but_not_sandbox(
     assert [s.get("x-api-key") for s in seen] == [secret]
     assert secret not in proc.stdout
     assert secret not in proc.stderr
+    rows = read_rows(journal)
+    route_rows = [r for r in rows if r.kind == "provider_call"]
+    assert route_rows and ["x-api-key", "<stripped>"] in route_rows[0].detail["headers"]
+    assert secret not in json.dumps([r.to_json_dict() for r in rows])
 
 
 def test_config_in_workspace_refused(workspace: Path, tmp_path: Path) -> None:

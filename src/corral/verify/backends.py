@@ -1,0 +1,304 @@
+"""The backends `corral verify` points its probes at.
+
+- `namespace` (and `microvm`, `gvisor` when `corral exec` offers them): each
+  probe runs as `python -m corral exec [--workspace WS] [--memory ..] [--pids ..]
+  [--cpus ..] [--timeout ..] [--allow ..] [--journal F] --json -- CMD`.
+- `none`: the same command straight on the host, in the workspace, with the
+  caller's environment (planted secrets included) — the baseline on which
+  every attack must succeed.
+- `bwrap-basic`: a typical hand-written bubblewrap line as blog posts show it
+  (see `BWRAP_BASIC`), run as the caller.
+- `srt`: `srt -c CMD` from @anthropic-ai/sandbox-runtime with a settings file
+  in the style of its README (`srt_settings`), installed with npm on demand.
+
+Building a command line is pure; availability checks and the srt install are
+the only I/O here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from corral.verify.model import ProbeLimits
+
+__all__ = [
+    "BACKENDS",
+    "BWRAP_BASIC",
+    "Backend",
+    "BwrapBasicBackend",
+    "CorralBackend",
+    "NoneBackend",
+    "RunSpec",
+    "SrtBackend",
+    "make_backend",
+    "parse_exec_report",
+    "srt_settings",
+]
+
+BACKENDS: tuple[str, ...] = ("namespace", "none", "bwrap-basic", "srt", "microvm", "gvisor")
+
+#: The hand-written line `bwrap-basic` stands for (WS is the workspace).
+BWRAP_BASIC: tuple[str, ...] = (
+    "--ro-bind",
+    "/",
+    "/",
+    "--dev",
+    "/dev",
+    "--proc",
+    "/proc",
+    "--tmpfs",
+    "/tmp",
+    "--bind",
+    "WS",
+    "WS",
+    "--chdir",
+    "WS",
+    "--unshare-pid",
+    "--die-with-parent",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    """What one probe run asks of the backend."""
+
+    workspace: str
+    limits: ProbeLimits
+    allow: tuple[str, ...] = ()
+    journal: str | None = None
+    env_kind: str = "agent"
+    settings_path: str = ""
+
+
+class Backend(ABC):
+    """How to run a command "in" a backend, and what that backend can be judged on."""
+
+    name: str
+    kind: Literal["corral", "baseline", "peer"]
+    #: Whether processes inside live in their own PID namespace (kill(-1) is safe).
+    pidns: bool = True
+
+    @abstractmethod
+    def argv(self, cmd: list[str], run: RunSpec) -> list[str]:
+        """The host command line for `cmd` (pure)."""
+
+    def unavailable(self) -> str | None:
+        """Why this backend cannot run here, or None."""
+        return None
+
+    def report(self, stderr: str) -> tuple[dict[str, Any] | None, str]:
+        """(end-of-task report, stderr without it); only corral produces one."""
+        return None, stderr
+
+    def not_applicable(self) -> dict[str, str]:
+        """Requirements that make no sense for this backend, with the reason."""
+        return {}
+
+    def needs_settings(self) -> bool:
+        return False
+
+
+def parse_exec_report(stderr: str) -> tuple[dict[str, Any] | None, str]:
+    """Split `corral exec --json`'s final JSON object off its stderr."""
+    lines = stderr.rstrip("\n").split("\n")
+    for i in range(len(lines) - 1, -1, -1):
+        line = lines[i].strip()
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict) and "exit" in obj and "reason" in obj:
+                rest = "\n".join(lines[:i] + lines[i + 1 :])
+                return obj, rest
+    return None, stderr
+
+
+class CorralBackend(Backend):
+    """`corral exec` with one of its backends."""
+
+    kind = "corral"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def argv(self, cmd: list[str], run: RunSpec) -> list[str]:
+        out = [
+            sys.executable,
+            "-m",
+            "corral",
+            "exec",
+            "--workspace",
+            run.workspace,
+            "--env",
+            run.env_kind,
+            "--json",
+        ]
+        if self.name != "namespace":
+            out += ["--backend", self.name]
+        lim = run.limits
+        if lim.memory is not None:
+            out += ["--memory", lim.memory]
+        if lim.pids is not None:
+            out += ["--pids", str(lim.pids)]
+        if lim.cpus is not None:
+            out += ["--cpus", str(lim.cpus)]
+        if lim.timeout_s is not None:
+            out += ["--timeout", str(lim.timeout_s)]
+        for a in run.allow:
+            out += ["--allow", a]
+        if run.journal is not None:
+            out += ["--journal", run.journal]
+        return [*out, "--", *cmd]
+
+    def report(self, stderr: str) -> tuple[dict[str, Any] | None, str]:
+        return parse_exec_report(stderr)
+
+    def not_applicable(self) -> dict[str, str]:
+        return {}
+
+
+class NoneBackend(Backend):
+    """No sandbox: the baseline."""
+
+    name = "none"
+    kind = "baseline"
+    pidns = False
+
+    def argv(self, cmd: list[str], run: RunSpec) -> list[str]:
+        # A shell stays the parent (no exec: the trailing `exit`), as a caller
+        # would be: its /proc/<pid>/environ holds the caller's environment.
+        return ["/bin/sh", "-c", '"$@"; exit $?', "corral-verify-none", *cmd]
+
+    def not_applicable(self) -> dict[str, str]:
+        return {
+            "M11": "no sandbox: nothing stands between product content and the host",
+            "M12": "no sandbox: there is no separate verifier environment",
+        }
+
+
+class BwrapBasicBackend(Backend):
+    """The typical hand-written bubblewrap line, run as the caller."""
+
+    name = "bwrap-basic"
+    kind = "peer"
+
+    def unavailable(self) -> str | None:
+        return None if shutil.which("bwrap") else "bwrap is not installed"
+
+    def argv(self, cmd: list[str], run: RunSpec) -> list[str]:
+        args = [run.workspace if a == "WS" else a for a in BWRAP_BASIC]
+        return ["bwrap", *args, "--", *cmd]
+
+    def not_applicable(self) -> dict[str, str]:
+        return {
+            "M11": "a bubblewrap line has no product viewer",
+            "M12": "a bubblewrap line has no verifier environment",
+            "U3": "a bubblewrap line has no broker (the host network is shared)",
+            "U5": "a bubblewrap line has no MCP gateway",
+            "U9": "a bubblewrap line has no product/verifier environments",
+        }
+
+
+def srt_settings(workspace: str, allow: tuple[str, ...]) -> dict[str, Any]:
+    """The srt configuration for one run, after the README's "Restrict to
+    specific directories" recipe: reads allowed except ~/.ssh, writes only to
+    the workspace, network only to the run's allowlist."""
+    return {
+        "network": {"allowedDomains": list(allow), "deniedDomains": []},
+        "filesystem": {"denyRead": ["~/.ssh"], "allowWrite": [workspace], "denyWrite": []},
+    }
+
+
+def _tools_dir() -> Path:
+    import corral
+
+    repo = Path(corral.__file__).resolve().parents[2]
+    if (repo / "pyproject.toml").exists():
+        return repo / "tools" / "srt"
+    return Path.home() / ".cache" / "corral" / "tools" / "srt"
+
+
+class SrtBackend(Backend):
+    """`srt -c CMD` from @anthropic-ai/sandbox-runtime."""
+
+    name = "srt"
+    kind = "peer"
+
+    def __init__(self) -> None:
+        self.prefix = _tools_dir()
+        self.path = str(self.prefix / "node_modules" / ".bin" / "srt")
+
+    def install(self) -> str | None:
+        """Install srt with npm when missing; returns why it is unavailable."""
+        if os.path.exists(self.path):
+            return None
+        if shutil.which("srt"):
+            self.path = shutil.which("srt") or self.path
+            return None
+        npm = shutil.which("npm")
+        if npm is None:
+            return "srt is not installed and npm is not available to install it"
+        self.prefix.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(
+            [
+                npm,
+                "install",
+                "--no-audit",
+                "--no-fund",
+                "--prefix",
+                str(self.prefix),
+                "@anthropic-ai/sandbox-runtime",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        if proc.returncode != 0 or not os.path.exists(self.path):
+            return f"npm install @anthropic-ai/sandbox-runtime failed: {proc.stderr.strip()[-200:]}"
+        return None
+
+    def unavailable(self) -> str | None:
+        why = self.install()
+        if why:
+            return why
+        missing = [t for t in ("bwrap", "socat", "rg") if shutil.which(t) is None]
+        if missing:
+            return f"srt needs {', '.join(missing)} (apt-get install bubblewrap socat ripgrep)"
+        return None
+
+    def needs_settings(self) -> bool:
+        return True
+
+    def argv(self, cmd: list[str], run: RunSpec) -> list[str]:
+        return [self.path, "--settings", run.settings_path, "-c", shlex.join(cmd)]
+
+    def not_applicable(self) -> dict[str, str]:
+        return {
+            "M11": "srt has no product viewer",
+            "M12": "srt has no verifier environment",
+            "U5": "srt has no MCP gateway",
+            "U9": "srt has no product/verifier environments",
+        }
+
+
+def make_backend(name: str) -> Backend:
+    if name in ("namespace", "microvm", "gvisor"):
+        return CorralBackend(name)
+    if name == "none":
+        return NoneBackend()
+    if name == "bwrap-basic":
+        return BwrapBasicBackend()
+    if name == "srt":
+        return SrtBackend()
+    raise ValueError(f"unknown backend {name!r} (one of {', '.join(BACKENDS)})")

@@ -1,0 +1,451 @@
+"""Oracles: pure judges from host-side evidence to an observation.
+
+An oracle never trusts a probe's exit status. It looks at what the host saw:
+a canary secret in the probe's output, a hit logged by a host canary server,
+a process carrying the probe's marker still alive after teardown, a host
+path that appeared, the kernel's peak counters. A few privilege probes can
+only be judged from the probe's own structured report (a syscall's return
+value); those say so in their description and use `Reported`.
+
+"allowed" always means *the attempted action took effect*; for attacks that
+is the failure, for usability probes the success.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from corral.verify.model import Evidence, Expected, Judgement, Observed, Verdict
+
+__all__ = [
+    "AllOf",
+    "AnyOf",
+    "CpuAbove",
+    "ExfilJournaled",
+    "Fact",
+    "HitLogged",
+    "HostStatus",
+    "JournalHas",
+    "JournalShape",
+    "MemoryAbove",
+    "NonceEcho",
+    "Oracle",
+    "ProcsAbove",
+    "ReportField",
+    "Reported",
+    "SecretSeen",
+    "Survived",
+    "WallAbove",
+    "excerpt",
+    "peak_memory",
+    "verdict",
+]
+
+CANARY_PREFIX = "CORRALCANARY"
+
+
+class Oracle(Protocol):
+    """Decides one probe run from its evidence; pure."""
+
+    def judge(self, ev: Evidence) -> Judgement: ...
+
+
+def _allowed(why: str) -> Judgement:
+    return Judgement("allowed", why)
+
+
+def _denied(why: str) -> Judgement:
+    return Judgement("denied", why)
+
+
+@dataclass(frozen=True, slots=True)
+class SecretSeen:
+    """Allowed when a named host canary secret appears in the probe's output."""
+
+    names: tuple[str, ...]
+
+    def judge(self, ev: Evidence) -> Judgement:
+        for name in self.names:
+            secret = ev.secrets.get(name)
+            if secret is None:
+                return Judgement("error", f"no canary named {name!r} was planted")
+            if secret in ev.stdout or secret in ev.stderr:
+                return _allowed(f"canary secret {name!r} appeared in the probe's output")
+        return _denied(f"no canary secret ({', '.join(self.names)}) in the output")
+
+
+@dataclass(frozen=True, slots=True)
+class HitLogged:
+    """Allowed when a host canary server logged contact carrying the marker."""
+
+    servers: tuple[str, ...]
+
+    def judge(self, ev: Evidence) -> Judgement:
+        hits = [h for h in ev.hits if h.server in self.servers]
+        if hits:
+            h = hits[0]
+            return _allowed(f"host canary {h.server!r} logged a hit: {h.detail[:160]}")
+        return _denied(f"no hit on host canary {', '.join(self.servers)}")
+
+
+@dataclass(frozen=True, slots=True)
+class Survived:
+    """Allowed when a process carrying the marker is alive after teardown."""
+
+    def judge(self, ev: Evidence) -> Judgement:
+        if ev.survivors:
+            return _allowed(
+                f"{len(ev.survivors)} process(es) alive after the task ended: "
+                f"{ev.survivors[0][:120]}"
+            )
+        return _denied("no process with the probe's marker alive after the task ended")
+
+
+@dataclass(frozen=True, slots=True)
+class Fact:
+    """Allowed when host fact `key` (collected after teardown) is true."""
+
+    key: str
+    meaning: str
+
+    def judge(self, ev: Evidence) -> Judgement:
+        if self.key not in ev.facts:
+            return Judgement("error", f"host fact {self.key!r} was not collected")
+        value = ev.facts[self.key]
+        meaning = _fill(self.meaning, ev)
+        if value:
+            return _allowed(
+                f"host: {meaning} ({value})" if value is not True else f"host: {meaning}"
+            )
+        return _denied(f"host saw no sign that {meaning}")
+
+
+@dataclass(frozen=True, slots=True)
+class Reported:
+    """Allowed when the probe's structured report says the action succeeded.
+
+    Used only where no host-side effect exists (a syscall that returned a
+    descriptor). A probe killed before reporting counts as denied.
+    """
+
+    def judge(self, ev: Evidence) -> Judgement:
+        r = ev.result
+        if not r:
+            return _denied("the probe reported nothing (blocked or killed before reporting)")
+        detail = {k: v for k, v in r.items() if k != "ok"}
+        text = json.dumps(detail, sort_keys=True)[:200]
+        if r.get("ok"):
+            return _allowed(f"probe reported success: {text}")
+        return _denied(f"probe reported failure: {text}")
+
+
+@dataclass(frozen=True, slots=True)
+class HostStatus:
+    """Allowed when, seen from the host's /proc/<pid>/status while the probe
+    ran, one of its processes had `field` in the attacker's favour: test
+    "zero" (e.g. effective uid 0), "nonzero" (capabilities) or "zero-flag"
+    (NoNewPrivs/Seccomp off)."""
+
+    field: str
+    test: str
+
+    def judge(self, ev: Evidence) -> Judgement:
+        rows = ev.facts.get("host_status")
+        if not rows:
+            return Judgement("error", "the host saw no process of the probe to inspect")
+        for row in rows:
+            raw = str(row.get(self.field, "")).split()
+            if not raw:
+                continue
+            value = raw[1] if self.field in ("Uid", "Gid") and len(raw) > 1 else raw[0]
+            n = int(value, 16) if self.field.startswith("Cap") else int(value)
+            if (self.test == "nonzero" and n != 0) or (
+                self.test in ("zero", "zero-flag") and n == 0
+            ):
+                return _allowed(f"host sees {self.field}: {' '.join(raw)} for pid {row.get('pid')}")
+        sample = rows[0].get(self.field, "?")
+        return _denied(f"host sees {self.field}: {sample} for all {len(rows)} processes")
+
+
+@dataclass(frozen=True, slots=True)
+class NonceEcho:
+    """Allowed (works) when the output holds a value derived from the host's
+    nonce by the tool under test: proof the tool really ran."""
+
+    transform: str = "plain"
+
+    def expected(self, nonce: str) -> str:
+        if self.transform == "rev":
+            return nonce[::-1]
+        if self.transform == "upper":
+            return nonce.upper()
+        return nonce
+
+    def judge(self, ev: Evidence) -> Judgement:
+        nonce = str(ev.ctx.get("nonce", ""))
+        if not nonce:
+            return Judgement("error", "no nonce was generated")
+        want = self.expected(nonce)
+        if want in ev.stdout:
+            return _allowed(f"the tool produced the expected value ({self.transform} nonce)")
+        return _denied(f"expected value ({self.transform} nonce) missing from the output")
+
+
+def peak_memory(ev: Evidence) -> int:
+    """The highest memory figure any host-side source measured, in bytes."""
+    reported = 0
+    if ev.backend_report:
+        reported = int(ev.backend_report.get("peak_memory_bytes") or 0)
+    return max(ev.peak_rss, ev.cgroup_peak or 0, reported)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryAbove:
+    """Allowed when the task's measured peak memory exceeds the limit by 20%."""
+
+    limit_bytes: int
+
+    def judge(self, ev: Evidence) -> Judgement:
+        peak = peak_memory(ev)
+        mib = peak / 2**20
+        if peak > self.limit_bytes * 1.2:
+            return _allowed(f"peak memory {mib:.0f} MiB > limit {self.limit_bytes / 2**20:.0f} MiB")
+        return _denied(f"peak memory {mib:.0f} MiB within limit {self.limit_bytes / 2**20:.0f} MiB")
+
+
+@dataclass(frozen=True, slots=True)
+class ProcsAbove:
+    """Allowed when the host saw more than `limit` marker processes at once."""
+
+    limit: int
+
+    def judge(self, ev: Evidence) -> Judgement:
+        if ev.max_procs > self.limit:
+            return _allowed(f"host saw {ev.max_procs} concurrent processes > limit {self.limit}")
+        return _denied(f"host saw at most {ev.max_procs} concurrent processes (limit {self.limit})")
+
+
+@dataclass(frozen=True, slots=True)
+class CpuAbove:
+    """Allowed when the task consumed more than `seconds` of CPU time."""
+
+    seconds: float
+
+    def judge(self, ev: Evidence) -> Judgement:
+        reported = 0.0
+        if ev.backend_report:
+            reported = float(ev.backend_report.get("cpu_s") or 0.0)
+        used = max(ev.cpu_s, reported)
+        if used > self.seconds:
+            return _allowed(f"{used:.2f} CPU-seconds used > {self.seconds:.2f} allowed")
+        return _denied(f"{used:.2f} CPU-seconds used (<= {self.seconds:.2f})")
+
+
+@dataclass(frozen=True, slots=True)
+class WallAbove:
+    """Allowed when the task ran (host wall clock) longer than `seconds`."""
+
+    seconds: float
+
+    def judge(self, ev: Evidence) -> Judgement:
+        if ev.wall_s > self.seconds:
+            return _allowed(f"task ran {ev.wall_s:.1f} s > {self.seconds:.1f} s")
+        return _denied(f"task ended after {ev.wall_s:.1f} s (<= {self.seconds:.1f} s)")
+
+
+@dataclass(frozen=True, slots=True)
+class ReportField:
+    """Audit: allowed (= the event went unrecorded) unless the backend's
+    end-of-task report (`corral exec --json`) has `key` equal to `equals`
+    or at least `at_least`."""
+
+    key: str
+    equals: Any = None
+    at_least: float | None = None
+
+    def judge(self, ev: Evidence) -> Judgement:
+        rep = ev.backend_report
+        if rep is None:
+            return _allowed("the backend produced no end-of-task report")
+        value = rep.get(self.key)
+        ok = False
+        if self.equals is not None:
+            ok = value == self.equals
+        elif self.at_least is not None:
+            ok = isinstance(value, int | float) and value >= self.at_least
+        if ok:
+            return _denied(f"recorded: {self.key}={value!r}")
+        want = f"={self.equals!r}" if self.equals is not None else f">={self.at_least}"
+        return _allowed(f"not recorded: {self.key}={value!r} (want {want})")
+
+
+def _row_text(row: Mapping[str, Any]) -> str:
+    return json.dumps(row, sort_keys=True, default=str).lower()
+
+
+def _fill(template: str, ev: Evidence) -> str:
+    try:
+        return template.format_map(dict(ev.ctx))
+    except (KeyError, ValueError, IndexError):
+        return template
+
+
+@dataclass(frozen=True, slots=True)
+class JournalHas:
+    """Audit: allowed (= unrecorded) unless one journal row mentions every
+    word of `all_of` and, when given, at least one of `any_of`
+    (case-insensitive; words are templates over the probe context)."""
+
+    all_of: tuple[str, ...]
+    any_of: tuple[str, ...] = ()
+
+    def judge(self, ev: Evidence) -> Judgement:
+        if ev.journal is None:
+            return _allowed("no journal was written")
+        need = [_fill(w, ev).lower() for w in self.all_of]
+        some = [_fill(w, ev).lower() for w in self.any_of]
+        for row in ev.journal:
+            text = _row_text(row)
+            if all(w in text for w in need) and (not some or any(w in text for w in some)):
+                return _denied(f"journaled: {text[:160]}")
+        words = ", ".join(need + ([" or ".join(some)] if some else []))
+        return _allowed(f"no journal row among {len(ev.journal)} mentions {words}")
+
+
+JOURNAL_FIELDS: tuple[str, ...] = (
+    "time",
+    "run",
+    "session",
+    "env",
+    "kind",
+    "target",
+    "decision",
+    "rule",
+    "reason",
+    "detail",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class JournalShape:
+    """Audit: allowed (= the record is unusable) unless the journal has rows
+    and every row carries the DESIGN.md 6a fields."""
+
+    def judge(self, ev: Evidence) -> Judgement:
+        if ev.journal is None:
+            return _allowed("no journal was written")
+        if not ev.journal:
+            return _allowed("the journal has no rows")
+        for row in ev.journal:
+            missing = [f for f in JOURNAL_FIELDS if f not in row]
+            if missing:
+                return _allowed(f"a journal row lacks {', '.join(missing)}: {_row_text(row)[:120]}")
+        return _denied(f"all {len(ev.journal)} journal rows carry the required fields")
+
+
+def _row_time(row: Mapping[str, Any]) -> float | None:
+    from datetime import datetime
+
+    value = row.get("time") or row.get("ts")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ExfilJournaled:
+    """Audit of an allowed request that carries data out: allowed (= silent
+    exfiltration) when the allowlisted canary received the marker and no
+    journal row mentioning the marker was written before that hit."""
+
+    server: str
+
+    def judge(self, ev: Evidence) -> Judgement:
+        hits = [h for h in ev.hits if h.server == self.server]
+        if not hits:
+            return _denied(f"the request never reached {self.server!r} (nothing left the sandbox)")
+        if ev.journal is None:
+            return _allowed(f"{self.server!r} received the data and no journal was written")
+        marker = str(ev.ctx.get("marker", "")).lower()
+        first = min(h.time for h in hits)
+        for row in ev.journal:
+            if marker and marker in _row_text(row):
+                t = _row_time(row)
+                if t is None or t <= first + 0.005:
+                    return _denied("journaled before the request reached the destination")
+                return _allowed(
+                    f"journaled {t - first:.3f} s after the request reached the destination"
+                )
+        return _allowed(f"{self.server!r} received the data; no journal row mentions it")
+
+
+@dataclass(frozen=True, slots=True)
+class AllOf:
+    """Allowed only when every part says allowed (usability: several proofs)."""
+
+    parts: tuple[Oracle, ...]
+
+    def judge(self, ev: Evidence) -> Judgement:
+        js = [p.judge(ev) for p in self.parts]
+        for j in js:
+            if j.observed != "allowed":
+                return j
+        return _allowed("; ".join(j.why for j in js))
+
+
+@dataclass(frozen=True, slots=True)
+class AnyOf:
+    """Allowed when any part says allowed; error only when one errs and none allows."""
+
+    parts: tuple[Oracle, ...]
+
+    def judge(self, ev: Evidence) -> Judgement:
+        js = [p.judge(ev) for p in self.parts]
+        for j in js:
+            if j.observed == "allowed":
+                return j
+        errors = [j for j in js if j.observed == "error"]
+        if errors:
+            return errors[0]
+        return _denied("; ".join(j.why for j in js))
+
+
+def verdict(expected: Expected, observed: Observed, *, baseline: bool, exempt: bool) -> Verdict:
+    """Compare an observation with the expectation.
+
+    On the baseline (`--backend none`) attacks must succeed: an attack denied
+    there is a broken probe unless the probe is `exempt` (it documents why the
+    bare host cannot show it). An "allowed" attack on the baseline is reported
+    as unexpected, like anywhere else: the baseline meets no requirement.
+    """
+    if observed == "error":
+        return "broken-probe" if baseline else "unexpected"
+    if observed == expected:
+        if baseline and expected == "denied" and not exempt:
+            return "broken-probe"
+        return "ok"
+    if baseline and expected == "allowed":
+        return "broken-probe"
+    return "unexpected"
+
+
+_PROTOCOL_LINES = ("CORRAL-START", "CORRAL-READY")
+
+
+def excerpt(text: str, needles: tuple[str, ...] = (CANARY_PREFIX,), limit: int = 400) -> str:
+    """Lines of `text` that mention a needle, else its first lines, on one line:
+    short, and free of host environment dumps (probes print only
+    canary-bearing lines)."""
+    lines = [
+        ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith(_PROTOCOL_LINES)
+    ]
+    hits = [ln for ln in lines if any(n and n in ln for n in needles)]
+    return " | ".join(hits or lines)[:limit]

@@ -1,0 +1,993 @@
+"""Run the probe catalogue against one backend and collect host-side evidence.
+
+For each probe: a fresh workspace, the host-side steps, the backend command
+(`python3 -I -S -c PROGRAM MARKER` wrapped by the backend), host sampling
+while it runs when the probe asks for it, then — after the backend returned
+and the probe's grace period passed — the host facts (survivors carrying the
+marker, paths, mounts, the victim, host git, the terminal), canary hits and
+the journal. Everything a probe left on the host is removed before the next
+one is judged. Probes run in a bounded thread pool; the ones that measure
+the machine run one at a time afterwards, and probes that snapshot the same
+host file take a lock on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import sqlite3
+import stat
+import string
+import subprocess
+import sys
+import tempfile
+import termios
+import threading
+import time
+import tty
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from corral.errors import CorralError
+from corral.verify.backends import Backend, CorralBackend, RunSpec, make_backend, srt_settings
+from corral.verify.canaries import CanarySet, kill_victim, plant_canaries, spawn_kill_victim
+from corral.verify.model import (
+    Evidence,
+    FileChanged,
+    GitRepo,
+    HostGit,
+    IsDevice,
+    KernelLog,
+    MountedAt,
+    Observed,
+    PathExists,
+    Probe,
+    ProbeLimits,
+    ProbeResult,
+    SameInode,
+    Skipped,
+    Symlink,
+    TtyInjected,
+    VictimKilled,
+    WriteFile,
+)
+from corral.verify.oracles import excerpt, verdict
+from corral.verify.probes import PRELUDE, all_probes
+from corral.verify.report import Report, judge_requirements
+
+__all__ = [
+    "Progress",
+    "SuiteOptions",
+    "VerifyError",
+    "kill_marker",
+    "marker_pids",
+    "read_journal",
+    "run_suite",
+    "select_probes",
+    "used_keys",
+]
+
+PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else "python3"
+_GIT_ENV = {
+    "GIT_AUTHOR_NAME": "corral-verify",
+    "GIT_AUTHOR_EMAIL": "verify@corral.invalid",
+    "GIT_COMMITTER_NAME": "corral-verify",
+    "GIT_COMMITTER_EMAIL": "verify@corral.invalid",
+    "GIT_TERMINAL_PROMPT": "0",
+}
+_HOST_GIT = (
+    ["status", "--porcelain"],
+    ["diff"],
+    ["add", "-A"],
+    ["commit", "-q", "-m", "corral-verify"],
+)
+_RAW_LIMIT = 4000
+
+Progress = Callable[[ProbeResult | Skipped, int, int], None]
+
+
+class VerifyError(CorralError, RuntimeError):
+    """The suite could not run (backend unavailable, setup failed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SuiteOptions:
+    backend: str = "namespace"
+    env: str = "agent"
+    categories: tuple[str, ...] = ()
+    probe_ids: tuple[str, ...] = ()
+    jobs: int = 4
+    workdir: str | None = None
+    keep: bool = False
+    netns: bool = True
+
+
+#: Context keys the runner fills for every run (never missing).
+_PER_RUN = frozenset({"marker", "nonce", "ws", "ws_parent", "workspace", "kill_victim_pid"})
+
+
+def used_keys(p: Probe) -> set[str]:
+    """Context keys a probe reads: P["key"] in its program and {key} in its
+    host-side templates (per-run keys and secrets excluded)."""
+    keys = set(re.findall(r'P\["([a-z0-9_]+)"\]', p.code))
+    templates = [*p.allow, p.workspace or "", p.journal or "", *(v for _, v in p.env)]
+    for item in (*p.steps, *p.checks):
+        templates += [v for f in fields(item) if isinstance(v := getattr(item, f.name), str)]
+    for t in templates:
+        keys |= {name for _, name, _, _ in string.Formatter().parse(t) if name}
+    return {k for k in keys - _PER_RUN if not k.startswith("s_")}
+
+
+def select_probes(categories: Iterable[str] = (), ids: Iterable[str] = ()) -> list[Probe]:
+    """The catalogue filtered by category and id prefix (empty filters keep all)."""
+    cats, pids = set(categories), tuple(ids)
+    out = []
+    for p in all_probes():
+        if cats and p.category not in cats:
+            continue
+        if pids and not any(p.id == i or p.id.startswith(i) for i in pids):
+            continue
+        out.append(p)
+    return out
+
+
+# --- host process inspection ----------------------------------------------------
+
+
+def _cmdlines(pid: str) -> Iterable[bytes]:
+    with contextlib.suppress(OSError):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            data = f.read()
+        if data:
+            yield data
+            return
+        # A thread-group leader that exited while other threads run reads empty;
+        # its live threads still show the command line.
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/cmdline", "rb") as f:
+                yield f.read()
+
+
+_LAUNCHERS = (b"bwrap", b"srt", b"node", b"socat", b"corral-verify-none")
+
+
+def marker_pids(marker: str, *, exclude: Iterable[int] = ()) -> dict[int, str]:
+    """Host pids whose command line carries `marker` (launchers excluded)."""
+    needle = marker.encode()
+    skip = {str(p) for p in exclude} | {str(os.getpid())}
+    out: dict[int, str] = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or pid in skip:
+            continue
+        for line in _cmdlines(pid):
+            if needle not in line:
+                continue
+            argv = line.split(b"\0")
+            head = os.path.basename(argv[0])
+            if head in _LAUNCHERS or (b"corral" in argv[1:3] and b"exec" in argv[2:5]):
+                break
+            out[int(pid)] = line.replace(b"\0", b" ").decode("utf-8", "replace")[:200]
+            break
+    return out
+
+
+def _survivors(marker: str, scans: int = 6) -> tuple[str, ...]:
+    """Command lines of marker processes; a process that re-forks every few ms
+    can slip through one scan of /proc, so a few scans are made."""
+    for _ in range(scans):
+        found = marker_pids(marker)
+        if found:
+            return tuple(found.values())
+        time.sleep(0.01)
+    return ()
+
+
+_STATUS_FIELDS = ("Uid", "Gid", "CapEff", "CapPrm", "NoNewPrivs", "Seccomp")
+
+
+def _host_status(marker: str) -> list[dict[str, str]]:
+    """Selected /proc/<pid>/status fields of the marker's processes, as the host sees them."""
+    rows = []
+    for pid in marker_pids(marker):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/status", encoding="utf-8") as f:
+            row = {"pid": str(pid)}
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in _STATUS_FIELDS:
+                    row[key] = value.strip()
+            rows.append(row)
+    return rows
+
+
+def _proc_usage(pid: int) -> tuple[int, float]:
+    """(RSS bytes, CPU seconds) of one process, zero when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        tick = os.sysconf("SC_CLK_TCK")
+        cpu = (int(fields[11]) + int(fields[12])) / tick
+        rss = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+        return rss, cpu
+    except (OSError, IndexError, ValueError):
+        return 0, 0.0
+
+
+class _Sampler:
+    """Samples the marker's processes every 50 ms: peak count, peak RSS sum, CPU."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+        self.max_procs = 0
+        self.peak_rss = 0
+        self.cpu: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            pids = marker_pids(self.marker)
+            rss_sum = 0
+            for pid in pids:
+                rss, cpu = _proc_usage(pid)
+                rss_sum += rss
+                self.cpu[pid] = max(self.cpu.get(pid, 0.0), cpu)
+            self.max_procs = max(self.max_procs, len(pids))
+            self.peak_rss = max(self.peak_rss, rss_sum)
+            self._stop.wait(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+
+
+def kill_marker(marker: str, *, rounds: int = 40) -> int:
+    """SIGSTOP then SIGKILL every marker process until none is left (a forking
+    chain is frozen before it is killed); returns how many were killed."""
+    killed: set[int] = set()
+    for _ in range(rounds):
+        pids = marker_pids(marker)
+        if not pids:
+            break
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, sig)
+        killed |= set(pids)
+        time.sleep(0.02)
+    return len(killed)
+
+
+# --- measuring cgroup (peers and baseline) --------------------------------------
+
+
+class _MeasureCgroup:
+    """A cgroup-v1 memory group under our own, with no limit: its kernel
+    peak counter measures backends that have no cgroup of their own."""
+
+    def __init__(self, name: str) -> None:
+        self.path: str | None = None
+        try:
+            with open("/proc/self/cgroup", encoding="ascii") as f:
+                for line in f:
+                    _, ctrls, rel = line.rstrip("\n").split(":", 2)
+                    if "memory" in ctrls.split(","):
+                        base = f"/sys/fs/cgroup/memory{rel}"
+                        if os.path.isdir(base):
+                            os.mkdir(f"{base}/{name}")
+                            self.path = f"{base}/{name}"
+        except (OSError, ValueError):
+            self.path = None
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        if self.path is None:
+            return argv
+        return ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', self.path, *argv]
+
+    def peak(self) -> int | None:
+        if self.path is None:
+            return None
+        with (
+            contextlib.suppress(OSError, ValueError),
+            open(f"{self.path}/memory.max_usage_in_bytes") as f,
+        ):
+            return int(f.read())
+        return None
+
+    def close(self) -> None:
+        if self.path is None:
+            return
+        for _ in range(50):
+            try:
+                os.rmdir(self.path)
+                return
+            except OSError:
+                time.sleep(0.05)
+
+
+# --- one probe run ------------------------------------------------------------------
+
+
+def _fill(template: str, ctx: Mapping[str, Any]) -> str:
+    return template.format_map(dict(ctx))
+
+
+def _apply_step(step: Symlink | WriteFile | GitRepo, ctx: Mapping[str, Any]) -> None:
+    match step:
+        case Symlink(link=link, target=target):
+            os.symlink(_fill(target, ctx), _fill(link, ctx))
+        case WriteFile(path=path, content=content, mode=mode):
+            p = _fill(path, ctx)
+            with open(p, "w", encoding="utf-8") as f:
+                f.write(_fill(content, ctx))
+            os.chmod(p, mode)
+        case GitRepo():
+            ws = str(ctx["ws"])
+            env = {**os.environ, **_GIT_ENV}
+            with open(f"{ws}/README.txt", "w", encoding="utf-8") as f:
+                f.write("corral verify\n")
+            for args in (["init", "-q"], ["add", "README.txt"], ["commit", "-q", "-m", "init"]):
+                subprocess.run(
+                    ["git", "-C", ws, *args], env=env, capture_output=True, check=True, timeout=20
+                )
+
+
+def _snapshot(path: str) -> tuple[bool, bytes, int]:
+    try:
+        with open(path, "rb") as f:
+            return True, f.read(), os.stat(path).st_mode
+    except OSError:
+        return False, b"", 0
+
+
+def _restore(path: str, snap: tuple[bool, bytes, int]) -> None:
+    existed, data, mode = snap
+    with contextlib.suppress(OSError):
+        if not existed:
+            if os.path.lexists(path):
+                os.unlink(path)
+            return
+        if _snapshot(path) != snap:
+            with open(path, "wb") as f:
+                f.write(data)
+            os.chmod(path, stat.S_IMODE(mode))
+
+
+def _remove(path: str, marker: str) -> None:
+    if marker not in path:
+        return
+    with contextlib.suppress(OSError):
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.unlink(path)
+
+
+def _kernel_log() -> bytes:
+    """The host kernel log's records still in the ring buffer."""
+    chunks = []
+    with contextlib.suppress(OSError):
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            while True:
+                try:
+                    chunks.append(os.read(fd, 8192))
+                except BlockingIOError:
+                    break
+                except OSError:
+                    # EPIPE: a record was overwritten while reading; go on.
+                    continue
+        finally:
+            os.close(fd)
+    return b"".join(chunks)
+
+
+def _mounted(path: str) -> bool:
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo", encoding="utf-8") as f:
+        return any(line.split()[4] == path for line in f)
+    return False
+
+
+def _kernel_audit() -> bool:
+    from corral.sandbox.probe import kernel_audit_enabled
+
+    return bool(kernel_audit_enabled())
+
+
+def _hostgit() -> Any | None:
+    """corral.hostgit when it offers TrustedRepo and safe_git, else None."""
+    try:
+        mod = importlib.import_module("corral.hostgit")
+    except ImportError:
+        return None
+    if callable(getattr(mod, "safe_git", None)) and callable(getattr(mod, "TrustedRepo", None)):
+        return mod
+    return None
+
+
+def _run_host_git(ws: str, git_dir: str, backend: Backend) -> None:
+    """What the host does with the workspace afterwards: corral's own helper
+    (a trusted repository outside the workspace: init, commit everything,
+    status, diff) for corral backends; plain git with an identity for the
+    others, which ship no host-side helper."""
+    if backend.kind == "corral":
+        hg = _hostgit()
+        assert hg is not None
+        repo = hg.TrustedRepo(git_dir=Path(git_dir), work_tree=Path(ws))
+        steps: list[Callable[[], object]] = [
+            repo.init,
+            lambda: repo.commit_all("corral-verify"),
+            lambda: hg.safe_git(git_dir, ws, ["status", "--porcelain"]),
+            lambda: hg.safe_git(git_dir, ws, ["diff", "HEAD"]),
+            lambda: hg.safe_git(git_dir, ws, ["add", "-A"]),
+            lambda: repo.commit_all("corral-verify again"),
+        ]
+        for step in steps:
+            # Only corral's declared git failure is expected; anything else is a
+            # harness bug and must surface as an error, never as "denied".
+            with contextlib.suppress(hg.GitError):
+                step()
+        return
+    env = {**os.environ, **_GIT_ENV}
+    for args in _HOST_GIT:
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            subprocess.run(
+                ["git", "-C", ws, *args], env=env, capture_output=True, timeout=20, check=False
+            )
+
+
+def read_journal(path: str) -> tuple[dict[str, Any], ...] | None:
+    """Every row of a journal file (SQLite, any table; or JSON lines), or None."""
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return None
+    rows: list[dict[str, Any]] = []
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=2)
+        try:
+            tables = [
+                r[0] for r in con.execute("select name from sqlite_master where type='table'")
+            ]
+            for t in tables:
+                cur = con.execute(f'select * from "{t}"')
+                names = [d[0] for d in cur.description]
+                for r in cur:
+                    row = dict(zip(names, r, strict=True))
+                    for k, v in list(row.items()):
+                        if isinstance(v, str) and v[:1] in "{[":
+                            with contextlib.suppress(ValueError):
+                                row[k] = json.loads(v)
+                    rows.append(row)
+        finally:
+            con.close()
+        return tuple(rows)
+    except sqlite3.DatabaseError:
+        pass
+    with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            with contextlib.suppress(ValueError):
+                obj = json.loads(line)
+                if isinstance(obj, dict):
+                    rows.append(obj)
+    return tuple(rows)
+
+
+@dataclass
+class _Proc:
+    stdout: list[str] = field(default_factory=list)
+    stderr: list[str] = field(default_factory=list)
+    ready: threading.Event = field(default_factory=threading.Event)
+
+
+def _reader(stream: Any, sink: list[str], ready: threading.Event | None) -> None:
+    for raw in iter(stream.readline, b""):
+        line = raw.decode("utf-8", "replace")
+        sink.append(line)
+        if ready is not None and line.startswith("CORRAL-READY"):
+            ready.set()
+    stream.close()
+
+
+class _Suite:
+    def __init__(self, opts: SuiteOptions, backend: Backend, cs: CanarySet) -> None:
+        self.opts = opts
+        self.backend = backend
+        self.cs = cs
+        self.caller_env = {**os.environ, **cs.env}
+        self.broker_reason: str | None = None
+        self.journal_reason: str | None = None
+
+    # -- preflight ----------------------------------------------------------------
+
+    def _trial(
+        self, name: str, *, allow: tuple[str, ...] = (), journal: str | None = None
+    ) -> tuple[int, str]:
+        """Run a trivial command through the backend; (0, "") when it printed."""
+        ws = f"{self.cs.root}/ws/.preflight-{name}"
+        os.makedirs(ws, exist_ok=True)
+        settings = self._settings(ws, allow, name)
+        run = RunSpec(ws, ProbeLimits(), allow, journal, self.opts.env, settings)
+        argv = self.backend.argv([PY, "-I", "-S", "-c", "print('corral-verify-ok')"], run)
+        try:
+            p = subprocess.run(
+                argv,
+                cwd=ws,
+                env=self.caller_env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            return 1, str(exc)
+        _, err = self.backend.report(p.stderr)
+        if "corral-verify-ok" in p.stdout:
+            return 0, ""
+        return p.returncode or 1, (err.strip().splitlines() or [f"exit {p.returncode}"])[-1]
+
+    def preflight(self) -> None:
+        """Refuse a backend that cannot run anything; find out whether corral's
+        `--allow` (broker) and `--journal` work, so that probes needing them
+        are reported as not tested rather than failed."""
+        code, why = self._trial("plain")
+        if code != 0:
+            raise VerifyError(f"backend {self.backend.name} cannot run a trivial command: {why}")
+        if self.backend.kind != "corral":
+            return
+        host = self.cs.ctx.get("http_a_host", "127.0.0.1")
+        code, why = self._trial("allow", allow=(f"{host}:{self.cs.ctx.get('http_a_port', 80)}",))
+        if code != 0:
+            self.broker_reason = f"`corral exec --allow` does not work yet: {why}"
+        journal = f"{self.cs.root}/journals/preflight.sqlite"
+        code, why = self._trial("journal", journal=journal)
+        if code != 0:
+            self.journal_reason = f"`corral exec --journal` does not work yet: {why}"
+
+    def _settings(self, ws: str, allow: tuple[str, ...], name: str) -> str:
+        """The settings file of a backend configured by file (srt), else ""."""
+        if not self.backend.needs_settings():
+            return ""
+        path = f"{self.cs.root}/settings-{name}.json"
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(srt_settings(ws, allow), f)
+        return path
+
+    # -- selection ------------------------------------------------------------------
+
+    def skip_reason(self, p: Probe) -> Skipped | None:
+        if p.skip:
+            return Skipped(p, "not-tested", p.skip)
+        for key in sorted(set(p.uses) | used_keys(p)):
+            if key in self.cs.absent:
+                return Skipped(p, "not-applicable", self.cs.absent[key])
+            if key not in self.cs.ctx:
+                return Skipped(
+                    p, "not-tested", self.cs.missing.get(key, f"canary {key} was not planted")
+                )
+        if "kill-victim" in p.needs and p.id == "proc-signal-all" and not self.backend.pidns:
+            return Skipped(
+                p, "not-applicable", "kill(-1) without a PID namespace would hit every host process"
+            )
+        if "kernel-audit" in p.needs and not _kernel_audit():
+            return Skipped(
+                p,
+                "not-applicable",
+                "the kernel's audit subsystem is disabled here, so the kernel reports no seccomp "
+                "or Landlock denial that anyone could journal (the denials themselves hold)",
+            )
+        if self.backend.kind == "corral":
+            if "hostgit" in p.needs and _hostgit() is None:
+                return Skipped(
+                    p, "not-tested", "corral.hostgit (safe_git, TrustedRepo) does not exist yet"
+                )
+            if "broker" in p.needs and self.broker_reason:
+                return Skipped(p, "not-tested", self.broker_reason)
+            if "journal" in p.needs and self.journal_reason:
+                return Skipped(p, "not-tested", self.journal_reason)
+        return None
+
+    # -- running ---------------------------------------------------------------------
+
+    def run(self, p: Probe) -> ProbeResult | Skipped:
+        marker = "cvm" + secrets.token_hex(5)
+        nonce = secrets.token_hex(8)
+        ws = f"{self.cs.root}/ws/{p.id}"
+        if os.path.lexists(ws):
+            shutil.rmtree(ws)
+        os.makedirs(ws)
+        ctx: dict[str, Any] = {
+            **self.cs.ctx,
+            "marker": marker,
+            "nonce": nonce,
+            "ws": ws,
+            "ws_parent": f"{self.cs.root}/ws",
+        }
+        workspace = _fill(p.workspace, ctx) if p.workspace else ws
+        ctx["workspace"] = workspace
+        with ExitStack() as stack:
+            victim = None
+            if "kill-victim" in p.needs:
+                victim = spawn_kill_victim()
+                ctx["kill_victim_pid"] = victim.pid
+                stack.callback(kill_victim, victim)
+            for step in p.steps:
+                _apply_step(step, ctx)
+            snaps = {
+                c.path: _snapshot(_fill(c.path, ctx))
+                for c in p.checks
+                if isinstance(c, FileChanged)
+            }
+            return self._execute(
+                p,
+                ctx=ctx,
+                marker=marker,
+                workspace=workspace,
+                victim=victim,
+                snaps=snaps,
+                stack=stack,
+            )
+
+    def _journal_path(self, p: Probe, ctx: Mapping[str, Any]) -> str | None:
+        if p.journal is not None:
+            return _fill(p.journal, ctx)
+        if "journal" in p.needs and self.backend.kind == "corral":
+            return f"{self.cs.root}/journals/{ctx['marker']}.sqlite"
+        return None
+
+    def _execute(
+        self,
+        p: Probe,
+        *,
+        ctx: dict[str, Any],
+        marker: str,
+        workspace: str,
+        victim: subprocess.Popen[bytes] | None,
+        snaps: dict[str, tuple[bool, bytes, int]],
+        stack: ExitStack,
+    ) -> ProbeResult | Skipped:
+        secrets_map = {**self.cs.secrets}
+        env = dict(self.caller_env)
+        fill_env = {**ctx, **{f"s_{k}": v for k, v in secrets_map.items()}}
+        for k, v in p.env:
+            env[k] = _fill(v, fill_env)
+        journal = self._journal_path(p, ctx)
+        allow = tuple(_fill(a, ctx) for a in p.allow)
+        settings = self._settings(workspace, allow, marker)
+        run = RunSpec(workspace, p.limits, allow, journal, self.opts.env, settings)
+        params = {k: v for k, v in ctx.items() if isinstance(v, str | int | float)}
+        program = f"import json\nP = json.loads({json.dumps(params)!r})\n{PRELUDE}\n{p.code}"
+        argv = self.backend.argv([PY, "-I", "-S", "-c", program, marker], run)
+        cgroup = None
+        if p.sample and self.backend.kind != "corral":
+            cgroup = _MeasureCgroup(f"corral-verify-{marker}")
+            stack.callback(cgroup.close)
+            argv = cgroup.wrap(argv)
+        stdin: int = subprocess.DEVNULL
+        pty_fds: tuple[int, int] | None = None
+        if "pty" in p.needs:
+            pty_fds = os.openpty()
+            tty.setraw(pty_fds[1])
+            stdin = pty_fds[1]
+            for fd in pty_fds:
+                stack.callback(os.close, fd)
+        pass_fds = (self.cs.inherited_fd,) if "fd" in p.needs and self.cs.inherited_fd >= 0 else ()
+        sampler = _Sampler(marker) if p.sample else None
+        io = _Proc()
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            argv,
+            cwd=workspace,
+            env=env,
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=pass_fds,
+            start_new_session=True,
+        )
+        readers = [
+            threading.Thread(target=_reader, args=(proc.stdout, io.stdout, io.ready), daemon=True),
+            threading.Thread(target=_reader, args=(proc.stderr, io.stderr, None), daemon=True),
+        ]
+        for t in readers:
+            t.start()
+        if sampler:
+            sampler.start()
+        harness_timeout = False
+        inspected: list[dict[str, str]] = []
+        if p.during is not None and io.ready.wait(15):
+            if p.during == "inspect":
+                inspected = _host_status(marker)
+            else:
+                with contextlib.suppress(OSError):
+                    os.kill(
+                        proc.pid, signal.SIGKILL if p.during == "kill-backend" else signal.SIGTERM
+                    )
+        try:
+            proc.wait(p.deadline_s)
+        except subprocess.TimeoutExpired:
+            harness_timeout = True
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        wall = time.monotonic() - started
+        # A survivor may hold the pipes open; do not wait for it past a moment.
+        for t in readers:
+            t.join(1.0)
+        if p.grace_s:
+            time.sleep(p.grace_s)
+        if sampler:
+            sampler.stop()
+        survivors = _survivors(marker)
+        facts = self._facts(p, ctx=ctx, marker=marker, victim=victim, snaps=snaps, pty_fds=pty_fds)
+        if p.during == "inspect":
+            facts["host_status"] = inspected
+        kill_marker(marker)
+        for t in readers:
+            t.join(2.0)
+        stdout, stderr_all = "".join(io.stdout), "".join(io.stderr)
+        report, stderr = self.backend.report(stderr_all)
+        results = []
+        for line in stdout.splitlines():
+            if line.startswith("CORRAL-RESULT "):
+                with contextlib.suppress(ValueError):
+                    results.append(json.loads(line[len("CORRAL-RESULT ") :]))
+        ev = Evidence(
+            stdout=stdout,
+            stderr=stderr,
+            exit=proc.returncode,
+            wall_s=wall,
+            harness_timeout=harness_timeout,
+            backend_report=report,
+            results=tuple(results),
+            hits=self.cs.hub.hits_for(marker),
+            survivors=survivors,
+            facts=facts,
+            max_procs=sampler.max_procs if sampler else 0,
+            peak_rss=sampler.peak_rss if sampler else 0,
+            cpu_s=sum(sampler.cpu.values()) if sampler else 0.0,
+            cgroup_peak=cgroup.peak() if cgroup else None,
+            journal=read_journal(journal) if journal else None,
+            secrets=secrets_map,
+            ctx=ctx,
+        )
+        self._cleanup(p, ctx, marker, snaps)
+        return self._judge(p, ev, wall)
+
+    def _facts(
+        self,
+        p: Probe,
+        *,
+        ctx: Mapping[str, Any],
+        marker: str,
+        victim: subprocess.Popen[bytes] | None,
+        snaps: Mapping[str, tuple[bool, bytes, int]],
+        pty_fds: tuple[int, int] | None,
+    ) -> dict[str, Any]:
+        facts: dict[str, Any] = {}
+        for c in p.checks:
+            match c:
+                case PathExists(key=key, path=path):
+                    facts[key] = os.path.lexists(_fill(path, ctx))
+                case FileChanged(key=key, path=path):
+                    facts[key] = _snapshot(_fill(path, ctx)) != snaps[path]
+                case SameInode(key=key, path=path, target=target):
+                    try:
+                        a, b = os.lstat(_fill(path, ctx)), os.stat(_fill(target, ctx))
+                        facts[key] = (a.st_ino, a.st_dev) == (b.st_ino, b.st_dev)
+                    except OSError:
+                        facts[key] = False
+                case IsDevice(key=key, path=path):
+                    try:
+                        mode = os.lstat(_fill(path, ctx)).st_mode
+                        facts[key] = stat.S_ISBLK(mode) or stat.S_ISCHR(mode)
+                    except OSError:
+                        facts[key] = False
+                case MountedAt(key=key, path=path):
+                    facts[key] = _mounted(_fill(path, ctx))
+                case VictimKilled(key=key):
+                    facts[key] = victim is not None and kill_victim(victim)
+                case HostGit(key=key):
+                    hit = f"{ctx['hits']}/{marker}"
+                    _run_host_git(
+                        str(ctx["ws"]), f"{self.cs.root}/trusted-git/{marker}", self.backend
+                    )
+                    facts[key] = os.path.lexists(hit)
+                    _remove(hit, marker)
+                case KernelLog(key=key):
+                    facts[key] = marker.encode() in _kernel_log()
+                case TtyInjected(key=key):
+                    data = b""
+                    if pty_fds is not None:
+                        os.set_blocking(pty_fds[1], False)
+                        with contextlib.suppress(OSError):
+                            data = os.read(pty_fds[1], 65536)
+                        termios.tcflush(pty_fds[1], termios.TCIFLUSH)
+                    facts[key] = marker.encode() in data
+        return facts
+
+    def _cleanup(
+        self,
+        p: Probe,
+        ctx: Mapping[str, Any],
+        marker: str,
+        snaps: Mapping[str, tuple[bool, bytes, int]],
+    ) -> None:
+        for c in p.checks:
+            match c:
+                case PathExists(path=path) | SameInode(path=path) | IsDevice(path=path):
+                    _remove(_fill(path, ctx), marker)
+                case FileChanged(path=path):
+                    _restore(_fill(path, ctx), snaps[path])
+                case MountedAt(path=path):
+                    target = _fill(path, ctx)
+                    for _ in range(5):
+                        if not _mounted(target):
+                            break
+                        subprocess.run(["umount", "-l", target], capture_output=True, check=False)
+                case _:
+                    pass
+
+    def _judge(self, p: Probe, ev: Evidence, wall: float) -> ProbeResult | Skipped:
+        baseline = self.backend.kind == "baseline"
+        started = "CORRAL-START" in ev.stdout
+        if not started and not p.refusal_ok and self.backend.kind == "peer":
+            # A peer that refuses the configuration a probe needs (srt rejects
+            # some allowlist entries) has not been tested by that probe.
+            lines = ev.stderr.strip().splitlines() or [f"exit {ev.exit}"]
+            text = next((ln for ln in lines if "rror" in ln), lines[-1])[:200]
+            return Skipped(
+                p, "not-tested", f"{self.backend.name} refused to run this configuration: {text}"
+            )
+        observed: Observed
+        if not started and not p.refusal_ok:
+            why = (ev.stderr.strip().splitlines() or [f"exit {ev.exit}"])[-1][:200]
+            observed, reason = "error", f"the probe never started: {why}"
+        else:
+            j = p.oracle.judge(ev)
+            observed, reason = j.observed, j.why
+            if not started:
+                reason += " (the backend refused to start the command)"
+        if ev.harness_timeout:
+            reason += f" [killed by the suite after {p.deadline_s:.0f} s]"
+        v = verdict(p.expected, observed, baseline=baseline, exempt=p.baseline is not None)
+        if v == "broken-probe" and p.baseline:
+            reason += f" (note: {p.baseline})"
+        needles = ("CORRALCANARY", "CORRALTOKEN", "CORRAL-RESULT", "corral exec")
+        evidence = reason
+        ex = excerpt(ev.stdout, needles)
+        if ex:
+            evidence += f" | out: {ex}"
+        raw = {
+            "exit": ev.exit,
+            "wall_s": round(ev.wall_s, 3),
+            "stdout": excerpt(ev.stdout, needles, _RAW_LIMIT),
+            "stderr": ev.stderr[-_RAW_LIMIT:],
+            "backend_report": ev.backend_report,
+            "results": list(ev.results),
+            "hits": [{"server": h.server, "detail": h.detail} for h in ev.hits],
+            "survivors": list(ev.survivors),
+            "facts": dict(ev.facts),
+            "max_procs": ev.max_procs,
+            "peak_rss": ev.peak_rss,
+            "cpu_s": round(ev.cpu_s, 3),
+            "cgroup_peak": ev.cgroup_peak,
+            "journal_rows": None if ev.journal is None else len(ev.journal),
+        }
+        return ProbeResult(p, observed, v, evidence, wall, raw)
+
+
+def run_suite(opts: SuiteOptions, progress: Progress | None = None) -> Report:
+    """Run the selected probes against `opts.backend`; never raises for a probe
+    failure (that is a result), only `VerifyError` when the suite cannot run."""
+    probes = select_probes(opts.categories, opts.probe_ids)
+    if not probes:
+        raise VerifyError("no probe matches the selection")
+    backend = make_backend(opts.backend)
+    why = backend.unavailable()
+    if why:
+        raise VerifyError(f"backend {opts.backend} is unavailable: {why}")
+    root = opts.workdir or tempfile.mkdtemp(prefix="corral-verify-", dir="/var/tmp")
+    if opts.workdir and os.path.exists(root) and os.listdir(root):
+        raise VerifyError(f"workdir {root} is not empty")
+    started_at = datetime.now(UTC)
+    t0 = time.monotonic()
+    results: list[ProbeResult] = []
+    skipped: list[Skipped] = []
+    lock = threading.Lock()
+    total = len(probes)
+    with ExitStack() as stack:
+        if not os.path.exists(root):
+            os.makedirs(root)
+        if not opts.keep:
+            stack.callback(shutil.rmtree, root, ignore_errors=True)
+        cs = stack.enter_context(plant_canaries(root, netns=opts.netns))
+        if opts.keep:
+            stack.pop_all()
+        suite = _Suite(opts, backend, cs)
+        suite.preflight()
+        runnable: list[Probe] = []
+        for p in probes:
+            sk = suite.skip_reason(p)
+            if sk is None:
+                runnable.append(p)
+                continue
+            skipped.append(sk)
+            if progress:
+                progress(sk, len(results) + len(skipped), total)
+
+        # Probes that snapshot and restore the same host file must not overlap.
+        file_locks = {
+            c.path: threading.Lock()
+            for p in runnable
+            for c in p.checks
+            if isinstance(c, FileChanged)
+        }
+
+        def one(p: Probe) -> None:
+            paths = sorted({c.path for c in p.checks if isinstance(c, FileChanged)})
+            with ExitStack() as held:
+                for path in paths:
+                    held.enter_context(file_locks[path])
+                try:
+                    r = suite.run(p)
+                except Exception as exc:
+                    r = ProbeResult(
+                        p,
+                        "error",
+                        "broken-probe" if backend.kind == "baseline" else "unexpected",
+                        f"the suite failed to run this probe: {type(exc).__name__}: {exc}",
+                        0.0,
+                        {},
+                    )
+            with lock:
+                if isinstance(r, Skipped):
+                    skipped.append(r)
+                else:
+                    results.append(r)
+                if progress:
+                    progress(r, len(results) + len(skipped), total)
+
+        serial = [p for p in runnable if p.serial]
+        parallel = [p for p in runnable if not p.serial]
+        t1 = time.monotonic()
+        with ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool:
+            list(pool.map(one, parallel))
+        t2 = time.monotonic()
+        for p in serial:
+            one(p)
+        timing = (
+            f"setup {t1 - t0:.1f} s, {len(parallel)} probes in parallel ({opts.jobs} jobs) "
+            f"{t2 - t1:.1f} s, {len(serial)} serial {time.monotonic() - t2:.1f} s"
+        )
+    order = {p.id: i for i, p in enumerate(probes)}
+    results.sort(key=lambda r: order[r.probe.id])
+    skipped.sort(key=lambda s: order[s.probe.id])
+    reqs = judge_requirements(results, skipped, backend.not_applicable())
+    notes = [f"workdir: {root}" + (" (kept)" if opts.keep else " (removed)"), timing]
+    if isinstance(backend, CorralBackend):
+        for r in (suite.broker_reason, suite.journal_reason):
+            if r:
+                notes.append(r)
+    return Report(
+        backend=opts.backend,
+        env=opts.env,
+        started=started_at.isoformat(timespec="seconds"),
+        wall_s=time.monotonic() - t0,
+        results=tuple(results),
+        skipped=tuple(skipped),
+        requirements=reqs,
+        notes=tuple(notes),
+        python=sys.version.split()[0],
+    )
