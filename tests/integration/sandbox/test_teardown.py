@@ -94,19 +94,30 @@ def test_sigterm_to_corral_kills_the_sandbox(workspace: Path, marker: str) -> No
 
 
 def test_no_cgroup_left_behind(corral_exec: ExecFn) -> None:
+    """The sandbox's cgroup is removed when `corral exec` returns.
+
+    Other sandboxes may be running concurrently, so only cgroups whose owner
+    (the corral process named in the cgroup's name) has exited count as leaks.
+    """
     from corral.sandbox.cgroup import detect_layout
 
     layout = detect_layout()
     assert layout is not None
     root = dict(layout.v1).get("pids") or layout.unified
     assert root is not None
-    before = (
-        set(os.listdir(os.path.join(root, "corral")))
-        if os.path.isdir(os.path.join(root, "corral"))
-        else set()
-    )
+    parent = os.path.join(root, "corral")
+
+    def leaked() -> set[str]:
+        if not os.path.isdir(parent):
+            return set()
+        out = set()
+        for name in os.listdir(parent):
+            parts = name.split("-")
+            if len(parts) == 3 and parts[1].isdigit() and not os.path.exists(f"/proc/{parts[1]}"):
+                out.add(name)
+        return out
+
+    before = leaked()
     out = corral_exec("true")
     assert out.code == 0
-    after = set(os.listdir(os.path.join(root, "corral")))
-    new_dirs = {d for d in after - before if os.path.isdir(os.path.join(root, "corral", d))}
-    assert new_dirs == set()
+    assert leaked() - before == set()
