@@ -2,7 +2,7 @@
 
 - `namespace` (and `microvm`, `gvisor` when `corral exec` offers them): each
   probe runs as `python -m corral exec [--workspace WS] [--memory ..] [--pids ..]
-  [--cpus ..] [--timeout ..] [--allow ..] [--journal F] --json -- CMD`.
+  [--cpus ..] [--timeout ..] [--allow ..] [--journal F] [--config F] --json -- CMD`.
 - `none`: the same command straight on the host, in the workspace, with the
   caller's environment (planted secrets included) — the baseline on which
   every attack must succeed.
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from corral.verify.model import ProbeLimits
+from corral.verify.model import Fault, ProbeLimits
 
 __all__ = [
     "BACKENDS",
@@ -42,6 +42,7 @@ __all__ = [
     "make_backend",
     "parse_exec_report",
     "srt_settings",
+    "with_fault",
 ]
 
 BACKENDS: tuple[str, ...] = ("namespace", "none", "bwrap-basic", "srt", "microvm", "gvisor")
@@ -77,6 +78,10 @@ class RunSpec:
     journal: str | None = None
     env_kind: str = "agent"
     settings_path: str = ""
+    #: corral backends: `--config FILE` (a corral.toml outside the workspace).
+    config_path: str | None = None
+    #: corral backends: extra `corral exec` options.
+    exec_args: tuple[str, ...] = ()
 
 
 class Backend(ABC):
@@ -158,6 +163,9 @@ class CorralBackend(Backend):
             out += ["--allow", a]
         if run.journal is not None:
             out += ["--journal", run.journal]
+        if run.config_path is not None:
+            out += ["--config", run.config_path]
+        out += run.exec_args
         return [*out, "--", *cmd]
 
     def report(self, stderr: str) -> tuple[dict[str, Any] | None, str]:
@@ -290,6 +298,34 @@ class SrtBackend(Backend):
             "U5": "srt has no MCP gateway",
             "U9": "srt has no product/verifier environments",
         }
+
+
+#: Remounts every cgroup mount read-only in a private mount namespace, then
+#: runs "$@": corral's cgroup layer cannot be set up there (exit 99 when the
+#: fault itself could not be injected).
+_RO_CGROUPS = (
+    "for m in $(awk '$3 ~ /^cgroup2?$/ {print $2}' /proc/mounts); do "
+    'mount -o remount,bind,ro "$m" || exit 99; done; exec "$@"'
+)
+
+
+def with_fault(fault: Fault | None, argv: list[str]) -> list[str]:
+    """`argv` wrapped so that it runs under the injected fault (pure)."""
+    match fault:
+        case None:
+            return argv
+        case "ro-cgroups":
+            return [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "/bin/sh",
+                "-c",
+                _RO_CGROUPS,
+                "sh",
+                *argv,
+            ]
 
 
 def make_backend(name: str) -> Backend:

@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 from corral.verify.model import Hit
@@ -422,7 +423,7 @@ def _icmp_watch(stack: ExitStack, hub: CanaryHub, cs: CanarySet) -> None:
 # --- the network namespace canary ---------------------------------------------
 
 _NETNS_HELPER = r"""
-import base64, json, re, select, socket, sys, threading, time
+import base64, hashlib, json, re, select, socket, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 cfg = json.loads(sys.stdin.readline())
@@ -461,8 +462,17 @@ class A(BaseHTTPRequestHandler):
     def handle_one(self):
         n = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(n) if 0 < n < 1 << 20 else b""
-        head = "%s %s %s " % (self.command, self.path, self.headers.as_string())
+        # An injected credential is logged as a digest only (the report must
+        # not carry it), first, so that the hub's truncation keeps it.
+        key = self.headers.get("x-api-key")
+        if key is not None:
+            del self.headers["x-api-key"]
+            digest = hashlib.sha256(key.encode("latin-1", "replace")).hexdigest()[:16]
+            key = "x-api-key-sha256=" + digest
+        head = "%s %s %s %s " % (self.command, self.path, key or "", self.headers.as_string())
         emit("http_a", head.encode("latin-1", "replace") + body)
+        if urlsplit(self.path).path.endswith("/big"):
+            return self.big()
         status, ctype, payload, extra = respond(self.path)
         self.send_response(status)
         self.send_header("Content-Type", ctype)
@@ -471,6 +481,21 @@ class A(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.end_headers()
         self.wfile.write(payload)
+    def big(self):
+        # A slow 4 MiB download; the host learns whether it was delivered whole.
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(1024 * 4096))
+        self.end_headers()
+        try:
+            for _ in range(1024):
+                self.wfile.write(b"x" * 4096)
+                time.sleep(0.003)
+            self.wfile.flush()
+        except OSError:
+            emit("http_a_cut", self.path.encode("latin-1", "replace"))
+            return
+        emit("http_a_done", self.path.encode("latin-1", "replace"))
     do_GET = do_POST = do_PUT = do_HEAD = handle_one
 ThreadingHTTPServer.daemon_threads = True
 http = ThreadingHTTPServer(("0.0.0.0", 80), A)
@@ -615,6 +640,57 @@ def _start_netns(stack: ExitStack, hub: CanaryHub, cs: CanarySet, tok: str) -> N
     cs.ctx["http_a_host"] = ns_ip
     cs.ctx["http_a_port"] = 80
     cs.secrets["host_iface"] = host_if
+
+
+# --- the MCP gateway ----------------------------------------------------------
+
+
+def _start_mcp_gateway(stack: ExitStack, cs: CanarySet, sandbox: bool) -> None:
+    """corral's MCP gateway on host loopback with the demo server (`shred`
+    denied), journaling to its own file: the sandbox reaches it through a
+    broker route, the host judges from the server's files and that journal."""
+    try:
+        from corral.agents import demo_mcp
+        from corral.agents.mcp_gateway import McpGateway
+        from corral.agents.mcp_policy import parse_mcp_policy
+        from corral.broker.actions import Identity
+        from corral.broker.journal import Journal
+        from corral.errors import CorralError
+    except ImportError as exc:
+        cs.missing["mcp_port"] = f"the MCP gateway cannot be imported: {exc}"
+        return
+    ws, scratch = f"{cs.root}/mcp-ws", f"{cs.root}/mcp-scratch"
+    os.makedirs(ws, exist_ok=True)
+    os.makedirs(scratch, exist_ok=True)
+    journal_path = f"{cs.root}/journals/mcp-gateway.sqlite"
+    policy = parse_mcp_policy(
+        {
+            "servers": {
+                "demo": {
+                    "command": ["python3", demo_mcp.PATH],
+                    "ro": [os.path.dirname(demo_mcp.PATH)],
+                    "workspace": ws,
+                    "deny_tools": ["shred"],
+                }
+            }
+        }
+    )
+    try:
+        journal = stack.enter_context(Journal(journal_path))
+        gateway = McpGateway(
+            policy,
+            journal,
+            Identity(run="corral-verify", session=None, env="agent"),
+            scratch=Path(scratch),
+            sandbox=sandbox,
+            journal_path=journal_path,
+        )
+        gateway.start(timeout=60)
+    except (CorralError, OSError) as exc:
+        cs.missing["mcp_port"] = f"the MCP gateway did not start: {exc}"
+        return
+    stack.callback(gateway.close)
+    cs.ctx.update(mcp_port=gateway.port, mcp_ws=ws, mcp_journal=journal_path)
 
 
 # --- outside processes --------------------------------------------------------
@@ -862,8 +938,12 @@ def _plant_files(cs: CanarySet, planter: _Planter, tok: str, home: str) -> None:
 
 
 @contextlib.contextmanager
-def plant_canaries(root: str, *, netns: bool = True) -> Iterator[CanarySet]:
-    """Plant every canary for one suite run under `root` (created, then removed)."""
+def plant_canaries(
+    root: str, *, netns: bool = True, mcp: bool = False, mcp_sandbox: bool = True
+) -> Iterator[CanarySet]:
+    """Plant every canary for one suite run under `root` (created, then removed);
+    with `mcp`, also start the MCP gateway (its demo server sandboxed by
+    `corral exec` when `mcp_sandbox`)."""
     tok = secrets.token_hex(6)
     hub = CanaryHub()
     cs = CanarySet(root=root, hub=hub)
@@ -904,4 +984,8 @@ def plant_canaries(root: str, *, netns: bool = True) -> Iterator[CanarySet]:
         _plant_key(stack, cs, tok)
         if "f_home" in cs.ctx:
             _file_handle(cs, cs.ctx["f_home"])
+        if mcp:
+            _start_mcp_gateway(stack, cs, mcp_sandbox)
+        else:
+            cs.missing["mcp_port"] = "the MCP gateway was not started (no probe selected needs it)"
         yield cs

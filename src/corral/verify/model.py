@@ -25,7 +25,9 @@ __all__ = [
     "Check",
     "Evidence",
     "Expected",
+    "Fault",
     "Hit",
+    "JournalLacks",
     "Judgement",
     "Need",
     "Observed",
@@ -99,7 +101,8 @@ REQUIREMENTS: dict[str, str] = {**MANDATORY, **USABILITY}
 #: pty: a terminal on stdin; victim: the shared host process holding secrets;
 #: kill-victim: a fresh host process to be signalled; fd: an inherited secret fd;
 #: netns: the canary network namespace; exec-json: `corral exec --json`;
-#: hostgit: corral's host-side git helper; root: the suite runs as root.
+#: hostgit: corral's host-side git helper; root: the suite runs as root;
+#: faults: the fault injected removes a layer only corral has (peers: not applicable).
 Need = Literal[
     "broker",
     "journal",
@@ -112,7 +115,12 @@ Need = Literal[
     "hostgit",
     "root",
     "kernel-audit",
+    "faults",
 ]
+
+#: Faults the runner injects around the backend's command line.
+#: ro-cgroups: a private mount namespace in which every cgroup mount is read-only.
+Fault = Literal["ro-cgroups"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +237,17 @@ class KernelLog:
     key: str
 
 
+@dataclass(frozen=True, slots=True)
+class JournalLacks:
+    """Fact `key`: whether no row of the journal at `path` (a host journal
+    other than the probe's own, e.g. the MCP gateway's) mentions every word
+    of `words` (case-insensitive templates)."""
+
+    key: str
+    path: str
+    words: tuple[str, ...]
+
+
 Check = (
     PathExists
     | FileChanged
@@ -239,6 +258,7 @@ Check = (
     | HostGit
     | TtyInjected
     | KernelLog
+    | JournalLacks
 )
 
 
@@ -257,7 +277,13 @@ class Probe:
     override the workspace and journal paths given to the backend; with
     `refusal_ok` a backend refusing to start counts as a normal outcome (the
     refusal is the defence), otherwise a probe that never started is an
-    error. `skip` says why the probe cannot be tested at all yet.
+    error. `skip` says why the probe cannot be tested at all.
+    `broker_config` is a corral.toml template (routes, rules) handed to
+    corral backends as `--config FILE` (written outside the workspace);
+    `exec_args` are extra `corral exec` options; `fault` is injected around
+    the backend's command on every backend. `during="kill-broker"` SIGKILLs
+    the broker process the journal names (`broker_start pid=N`) once the
+    probe is ready.
     """
 
     id: str
@@ -273,7 +299,7 @@ class Probe:
     steps: tuple[Step, ...] = ()
     checks: tuple[Check, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
-    during: Literal["kill-backend", "term-backend", "inspect"] | None = None
+    during: Literal["kill-backend", "term-backend", "inspect", "kill-broker"] | None = None
     serial: bool = False
     sample: bool = False
     grace_s: float = 0.0
@@ -284,6 +310,9 @@ class Probe:
     workspace: str | None = None
     journal: str | None = None
     refusal_ok: bool = False
+    broker_config: str | None = None
+    exec_args: tuple[str, ...] = ()
+    fault: Fault | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ is the failure, for usability probes the success.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,17 +24,22 @@ from corral.verify.model import Evidence, Expected, Judgement, Observed, Verdict
 __all__ = [
     "AllOf",
     "AnyOf",
+    "BrokerKilled",
     "CpuAbove",
+    "DegradationRecorded",
     "ExfilJournaled",
     "Fact",
     "HitLogged",
+    "HitMatches",
     "HostStatus",
+    "InjectedNotLeaked",
     "JournalHas",
     "JournalShape",
     "MemoryAbove",
     "NonceEcho",
     "Oracle",
     "ProcsAbove",
+    "RefusedWith",
     "ReportField",
     "Reported",
     "SecretSeen",
@@ -89,6 +95,115 @@ class HitLogged:
             h = hits[0]
             return _allowed(f"host canary {h.server!r} logged a hit: {h.detail[:160]}")
         return _denied(f"no hit on host canary {', '.join(self.servers)}")
+
+
+@dataclass(frozen=True, slots=True)
+class HitMatches:
+    """Allowed when host canary `server` logged a hit carrying the marker
+    whose logged request contains `text`."""
+
+    server: str
+    text: str
+
+    def judge(self, ev: Evidence) -> Judgement:
+        for h in ev.hits:
+            if h.server == self.server and self.text in h.detail:
+                return _allowed(f"host canary {h.server!r} logged {self.text!r}: {h.detail[:160]}")
+        return _denied(f"no request for {self.text!r} reached host canary {self.server!r}")
+
+
+def key_digest(secret: str) -> str:
+    """How the allowlisted canary logs an `x-api-key` it received."""
+    digest = hashlib.sha256(secret.encode("latin-1", "replace")).hexdigest()
+    return "x-api-key-sha256=" + digest[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class InjectedNotLeaked:
+    """Credential injection (M4): allowed (leaked) when host secret `name`
+    appears anywhere in the probe's output; otherwise the upstream canary
+    `server` must have received it as the injected `x-api-key` (logged as a
+    digest) — denied then, an error when nothing was injected (the probe
+    never exercised the credential path, so its silence proves nothing)."""
+
+    name: str
+    server: str = "http_a"
+
+    def judge(self, ev: Evidence) -> Judgement:
+        leak = SecretSeen((self.name,)).judge(ev)
+        if leak.observed != "denied":
+            return leak
+        digest = key_digest(ev.secrets[self.name])
+        if any(h.server == self.server and digest in h.detail for h in ev.hits):
+            return _denied(
+                f"host canary {self.server!r} received the injected key (digest matches); "
+                "the sandbox never saw it"
+            )
+        return Judgement(
+            "error",
+            f"host canary {self.server!r} never received the injected key: "
+            "the route did not inject it, so the probe proves nothing",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerKilled:
+    """Guard for probes that SIGKILL the broker: an error when the host could
+    not find the broker to kill (fact "broker_kill" = "not-found"), else `inner`."""
+
+    inner: Oracle
+
+    def judge(self, ev: Evidence) -> Judgement:
+        state = ev.facts.get("broker_kill")
+        if state == "not-found":
+            return Judgement("error", "the journal named no live broker process to kill")
+        j = self.inner.judge(ev)
+        if isinstance(state, str) and state.startswith("killed"):
+            return Judgement(j.observed, f"{j.why} (broker {state})")
+        return j
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedWith:
+    """Fail closed: allowed when host fact `key` says the command ran; denied
+    when it did not and the backend exited `code`; an error otherwise (it
+    neither ran nor refused the documented way)."""
+
+    key: str
+    code: int = 125
+
+    def judge(self, ev: Evidence) -> Judgement:
+        if self.key not in ev.facts:
+            return Judgement("error", f"host fact {self.key!r} was not collected")
+        if ev.facts[self.key]:
+            return _allowed("host: the command ran although a protection layer was missing")
+        if ev.exit == self.code:
+            return _denied(f"the command never ran; the backend refused with exit {self.code}")
+        return Judgement(
+            "error", f"the command did not run but the backend exited {ev.exit}, not {self.code}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DegradationRecorded:
+    """An accepted degradation (M10): allowed (= silent) when the command ran
+    but the end-of-task report does not mark `layer` as degraded; denied when
+    it ran and the report does; an error when it did not run (the accepted
+    degradation was not honoured, so nothing was observed)."""
+
+    key: str
+    layer: str
+
+    def judge(self, ev: Evidence) -> Judgement:
+        if not ev.facts.get(self.key):
+            return Judgement(
+                "error", f"the command did not run although {self.layer} degradation was accepted"
+            )
+        layers = (ev.backend_report or {}).get("layers")
+        state = layers.get(self.layer) if isinstance(layers, Mapping) else None
+        if isinstance(state, str) and state.startswith("degraded"):
+            return _denied(f"recorded: layers.{self.layer} = {state[:120]!r}")
+        return _allowed(f"ran without its {self.layer} layer; the report says {state!r}")
 
 
 @dataclass(frozen=True, slots=True)

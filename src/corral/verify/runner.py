@@ -40,7 +40,14 @@ from pathlib import Path
 from typing import Any
 
 from corral.errors import CorralError
-from corral.verify.backends import Backend, CorralBackend, RunSpec, make_backend, srt_settings
+from corral.verify.backends import (
+    Backend,
+    CorralBackend,
+    RunSpec,
+    make_backend,
+    srt_settings,
+    with_fault,
+)
 from corral.verify.canaries import CanarySet, kill_victim, plant_canaries, spawn_kill_victim
 from corral.verify.model import (
     Evidence,
@@ -48,6 +55,7 @@ from corral.verify.model import (
     GitRepo,
     HostGit,
     IsDevice,
+    JournalLacks,
     KernelLog,
     MountedAt,
     Observed,
@@ -121,7 +129,13 @@ def used_keys(p: Probe) -> set[str]:
     """Context keys a probe reads: P["key"] in its program and {key} in its
     host-side templates (per-run keys and secrets excluded)."""
     keys = set(re.findall(r'P\["([a-z0-9_]+)"\]', p.code))
-    templates = [*p.allow, p.workspace or "", p.journal or "", *(v for _, v in p.env)]
+    templates = [
+        *p.allow,
+        p.workspace or "",
+        p.journal or "",
+        p.broker_config or "",
+        *(v for _, v in p.env),
+    ]
     for item in (*p.steps, *p.checks):
         templates += [v for f in fields(item) if isinstance(v := getattr(item, f.name), str)]
     for t in templates:
@@ -182,15 +196,18 @@ def marker_pids(marker: str, *, exclude: Iterable[int] = ()) -> dict[int, str]:
     return out
 
 
-def _survivors(marker: str, scans: int = 6) -> tuple[str, ...]:
+def _survivors(marker: str, window_s: float = 1.0) -> tuple[str, ...]:
     """Command lines of marker processes; a process that re-forks every few ms
-    can slip through one scan of /proc, so a few scans are made."""
-    for _ in range(scans):
+    can slip through one scan of /proc (more so on a loaded host), so scans are
+    repeated for up to `window_s`; an empty answer costs the whole window."""
+    deadline = time.monotonic() + window_s
+    while True:
         found = marker_pids(marker)
         if found:
             return tuple(found.values())
-        time.sleep(0.01)
-    return ()
+        if time.monotonic() >= deadline:
+            return ()
+        time.sleep(0.005)
 
 
 _STATUS_FIELDS = ("Uid", "Gid", "CapEff", "CapPrm", "NoNewPrivs", "Seccomp")
@@ -449,6 +466,36 @@ def _run_host_git(ws: str, git_dir: str, backend: Backend) -> None:
             )
 
 
+def _kill_broker(journal: str | None, wait_s: float = 5.0) -> str | None:
+    """SIGKILL the broker the journal names (`process_event` row, target
+    `broker_start pid=N corral-broker`, committed before the command runs);
+    "killed pid=N", or None when no live broker was found."""
+    if journal is None:
+        return None
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        for row in read_journal(journal) or ():
+            target = str(row.get("target", ""))
+            m = re.match(r"broker_start pid=(\d+)", target)
+            if row.get("kind") != "process_event" or m is None:
+                continue
+            pid = int(m.group(1))
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except OSError:
+                return None
+            # Never signal a recycled pid: the broker's command line names corral.
+            if b"corral" not in cmdline:
+                return None
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                return f"killed pid={pid}"
+            return None
+        time.sleep(0.05)
+    return None
+
+
 def read_journal(path: str) -> tuple[dict[str, Any], ...] | None:
     """Every row of a journal file (SQLite, any table; or JSON lines), or None."""
     if not os.path.isfile(path) or os.path.getsize(path) == 0:
@@ -549,11 +596,22 @@ class _Suite:
         host = self.cs.ctx.get("http_a_host", "127.0.0.1")
         code, why = self._trial("allow", allow=(f"{host}:{self.cs.ctx.get('http_a_port', 80)}",))
         if code != 0:
-            self.broker_reason = f"`corral exec --allow` does not work yet: {why}"
+            self.broker_reason = f"`corral exec --allow` failed the preflight run: {why}"
         journal = f"{self.cs.root}/journals/preflight.sqlite"
         code, why = self._trial("journal", journal=journal)
         if code != 0:
-            self.journal_reason = f"`corral exec --journal` does not work yet: {why}"
+            self.journal_reason = f"`corral exec --journal` failed the preflight run: {why}"
+
+    def _broker_config(self, p: Probe, ctx: Mapping[str, Any], marker: str) -> str | None:
+        """The probe's corral.toml, written outside every workspace (corral
+        refuses a config the sandbox could write); None for other backends."""
+        if p.broker_config is None or self.backend.kind != "corral":
+            return None
+        path = f"{self.cs.root}/configs/{marker}.toml"
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(_fill(p.broker_config, ctx))
+        return path
 
     def _settings(self, ws: str, allow: tuple[str, ...], name: str) -> str:
         """The settings file of a backend configured by file (srt), else ""."""
@@ -587,10 +645,23 @@ class _Suite:
                 "the kernel's audit subsystem is disabled here, so the kernel reports no seccomp "
                 "or Landlock denial that anyone could journal (the denials themselves hold)",
             )
+        if self.backend.kind == "peer":
+            if "faults" in p.needs:
+                return Skipped(
+                    p,
+                    "not-applicable",
+                    f"the injected fault removes a layer {self.backend.name} does not have",
+                )
+            if p.during == "kill-broker":
+                return Skipped(
+                    p,
+                    "not-tested",
+                    f"the suite cannot tell {self.backend.name}'s proxy process apart to kill it",
+                )
         if self.backend.kind == "corral":
             if "hostgit" in p.needs and _hostgit() is None:
                 return Skipped(
-                    p, "not-tested", "corral.hostgit (safe_git, TrustedRepo) does not exist yet"
+                    p, "not-tested", "corral.hostgit (safe_git, TrustedRepo) cannot be imported"
                 )
             if "broker" in p.needs and self.broker_reason:
                 return Skipped(p, "not-tested", self.broker_reason)
@@ -665,10 +736,20 @@ class _Suite:
         journal = self._journal_path(p, ctx)
         allow = tuple(_fill(a, ctx) for a in p.allow)
         settings = self._settings(workspace, allow, marker)
-        run = RunSpec(workspace, p.limits, allow, journal, self.opts.env, settings)
+        config = self._broker_config(p, ctx, marker)
+        run = RunSpec(
+            workspace,
+            p.limits,
+            allow,
+            journal,
+            self.opts.env,
+            settings,
+            config,
+            p.exec_args if self.backend.kind == "corral" else (),
+        )
         params = {k: v for k, v in ctx.items() if isinstance(v, str | int | float)}
         program = f"import json\nP = json.loads({json.dumps(params)!r})\n{PRELUDE}\n{p.code}"
-        argv = self.backend.argv([PY, "-I", "-S", "-c", program, marker], run)
+        argv = with_fault(p.fault, self.backend.argv([PY, "-I", "-S", "-c", program, marker], run))
         cgroup = None
         if p.sample and self.backend.kind != "corral":
             cgroup = _MeasureCgroup(f"corral-verify-{marker}")
@@ -706,9 +787,12 @@ class _Suite:
             sampler.start()
         harness_timeout = False
         inspected: list[dict[str, str]] = []
+        broker_kill: str | None = None
         if p.during is not None and io.ready.wait(15):
             if p.during == "inspect":
                 inspected = _host_status(marker)
+            elif p.during == "kill-broker":
+                broker_kill = _kill_broker(journal) if self.backend.kind == "corral" else "none"
             else:
                 with contextlib.suppress(OSError):
                     os.kill(
@@ -729,10 +813,13 @@ class _Suite:
             time.sleep(p.grace_s)
         if sampler:
             sampler.stop()
-        survivors = _survivors(marker)
+        # Only survivor probes pay for the long scan window (see _survivors).
+        survivors = _survivors(marker, 1.0 if p.category == "processes" else 0.06)
         facts = self._facts(p, ctx=ctx, marker=marker, victim=victim, snaps=snaps, pty_fds=pty_fds)
         if p.during == "inspect":
             facts["host_status"] = inspected
+        if p.during == "kill-broker":
+            facts["broker_kill"] = broker_kill or "not-found"
         kill_marker(marker)
         for t in readers:
             t.join(2.0)
@@ -807,6 +894,11 @@ class _Suite:
                     _remove(hit, marker)
                 case KernelLog(key=key):
                     facts[key] = marker.encode() in _kernel_log()
+                case JournalLacks(key=key, path=path, words=words):
+                    need = [_fill(w, ctx).lower() for w in words]
+                    rows = read_journal(_fill(path, ctx)) or ()
+                    texts = [json.dumps(r, sort_keys=True, default=str).lower() for r in rows]
+                    facts[key] = not any(all(w in t for w in need) for t in texts)
                 case TtyInjected(key=key):
                     data = b""
                     if pty_fds is not None:
@@ -912,7 +1004,10 @@ def run_suite(opts: SuiteOptions, progress: Progress | None = None) -> Report:
             os.makedirs(root)
         if not opts.keep:
             stack.callback(shutil.rmtree, root, ignore_errors=True)
-        cs = stack.enter_context(plant_canaries(root, netns=opts.netns))
+        mcp = any("mcp_port" in used_keys(p) for p in probes)
+        cs = stack.enter_context(
+            plant_canaries(root, netns=opts.netns, mcp=mcp, mcp_sandbox=backend.kind == "corral")
+        )
         if opts.keep:
             stack.pop_all()
         suite = _Suite(opts, backend, cs)

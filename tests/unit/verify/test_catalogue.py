@@ -13,6 +13,7 @@ from corral.verify.backends import (
     SrtBackend,
     parse_exec_report,
     srt_settings,
+    with_fault,
 )
 from corral.verify.model import CATEGORIES, REQUIREMENTS, ProbeLimits
 from corral.verify.probes import PRELUDE, all_probes
@@ -181,3 +182,43 @@ def test_parse_exec_report_splits_the_summary_off_stderr() -> None:
     assert rep is not None and rep["reason"] == "timeout" and rest == "warning: x"
     assert parse_exec_report("no json here\n") == (None, "no json here\n")
     assert parse_exec_report('{"not": "a report"}\n')[0] is None
+
+
+def test_corral_argv_carries_config_and_extra_options_before_the_command() -> None:
+    argv = CorralBackend("namespace").argv(
+        ["true"], run(config_path="/cfg/x.toml", exec_args=("--allow-degraded", "cgroup"))
+    )
+    i = argv.index("--")
+    opts = argv[:i]
+    j = opts.index("--config")
+    assert opts[j : j + 2] == ["--config", "/cfg/x.toml"]
+    assert opts[-2:] == ["--allow-degraded", "cgroup"]
+    assert argv[i + 1 :] == ["true"]
+    # Other backends have no corral options at all.
+    assert "--config" not in NoneBackend().argv(["true"], run(config_path="/cfg/x.toml"))
+
+
+def test_ro_cgroups_fault_wraps_any_command_in_a_private_mount_namespace() -> None:
+    assert with_fault(None, ["true"]) == ["true"]
+    argv = with_fault("ro-cgroups", ["corral", "exec", "--", "true"])
+    assert argv[:4] == ["unshare", "--mount", "--propagation", "private"]
+    assert "remount,bind,ro" in argv[6]
+    assert argv[-4:] == ["corral", "exec", "--", "true"]
+
+
+def test_formerly_untestable_probes_now_run() -> None:
+    by_id = {p.id: p for p in all_probes()}
+    for pid in (
+        "secrets-broker-injected-key",
+        "failclosed-missing-layer",
+        "failclosed-degraded-recorded",
+        "failclosed-broker-dies",
+        "use-mcp-gateway",
+        "audit-mcp-denied-tool",
+    ):
+        assert by_id[pid].skip is None, pid
+    assert by_id["failclosed-broker-dies"].during == "kill-broker"
+    assert "{http_a_host}" in (by_id["secrets-broker-injected-key"].broker_config or "")
+    # Reasons for what still cannot run say what is missing, not "not built yet".
+    for p in all_probes():
+        assert p.skip is None or "yet" not in p.skip, p.id

@@ -8,22 +8,28 @@ from corral.verify.model import Evidence, Expected, Hit, Observed
 from corral.verify.oracles import (
     AllOf,
     AnyOf,
+    BrokerKilled,
     CpuAbove,
+    DegradationRecorded,
     ExfilJournaled,
     Fact,
     HitLogged,
+    HitMatches,
     HostStatus,
+    InjectedNotLeaked,
     JournalHas,
     JournalShape,
     MemoryAbove,
     NonceEcho,
     ProcsAbove,
+    RefusedWith,
     Reported,
     ReportField,
     SecretSeen,
     Survived,
     WallAbove,
     excerpt,
+    key_digest,
     verdict,
 )
 
@@ -223,3 +229,43 @@ def test_excerpt_keeps_canary_lines_only() -> None:
     text = "CORRAL-START\nHOME=/root\nread: CORRALCANARY-x-1\nPATH=/usr/bin\n"
     assert excerpt(text) == "read: CORRALCANARY-x-1"
     assert excerpt("CORRAL-START\nplain\n") == "plain"
+
+
+def test_injected_key_leak_proof_and_no_injection() -> None:
+    o = InjectedNotLeaked("home")
+    injected = Hit("http_a", "m", f"POST /m/m/v1/messages {key_digest(SECRET)} host: a", 0.0)
+    assert o.judge(ev(hits=(injected,))).observed == "denied"
+    # Seen inside: a leak, whatever the upstream received.
+    assert o.judge(ev(hits=(injected,), stdout=SECRET)).observed == "allowed"
+    # Nothing injected: silence inside proves nothing.
+    plain = Hit("http_a", "m", "POST /m/m/v1/messages host: a", 0.0)
+    assert o.judge(ev(hits=(plain,))).observed == "error"
+    wrong = Hit("http_a", "m", key_digest("other"), 0.0)
+    assert o.judge(ev(hits=(wrong,))).observed == "error"
+    assert SECRET not in key_digest(SECRET)
+
+
+def test_hit_matches_and_broker_killed_guard() -> None:
+    hits = (Hit("http_a", "m", "GET /m/m/big", 0.0), Hit("http_a", "m", "GET /m/m/after", 1.0))
+    o = HitMatches("http_a", "/after")
+    assert o.judge(ev(hits=hits[:1])).observed == "denied"
+    assert o.judge(ev(hits=hits)).observed == "allowed"
+    guard = BrokerKilled(o)
+    assert guard.judge(ev(hits=hits, facts={"broker_kill": "not-found"})).observed == "error"
+    j = guard.judge(ev(hits=hits[:1], facts={"broker_kill": "killed pid=7"}))
+    assert j.observed == "denied" and "pid=7" in j.why
+    assert guard.judge(ev(hits=hits, facts={"broker_kill": "none"})).observed == "allowed"
+
+
+def test_refused_with_and_degradation_recorded() -> None:
+    r = RefusedWith("ran")
+    assert r.judge(ev(facts={"ran": True}, exit=0)).observed == "allowed"
+    assert r.judge(ev(facts={"ran": False}, exit=125)).observed == "denied"
+    assert r.judge(ev(facts={"ran": False}, exit=1)).observed == "error"
+    d = DegradationRecorded("ran", "cgroup")
+    rep = {"exit": 0, "reason": "exited", "layers": {"cgroup": "degraded: read-only"}}
+    assert d.judge(ev(facts={"ran": True}, backend_report=rep)).observed == "denied"
+    silent = {"exit": 0, "reason": "exited", "layers": {"cgroup": True}}
+    assert d.judge(ev(facts={"ran": True}, backend_report=silent)).observed == "allowed"
+    assert d.judge(ev(facts={"ran": True})).observed == "allowed"
+    assert d.judge(ev(facts={"ran": False}, exit=125)).observed == "error"

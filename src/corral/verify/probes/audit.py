@@ -10,9 +10,20 @@ journal that cannot be written: the command must not run at all.
 
 from __future__ import annotations
 
-from corral.verify.model import Need, PathExists, Probe, ProbeLimits
-from corral.verify.oracles import AnyOf, Fact, JournalHas, JournalShape, ReportField
-from corral.verify.probes._dsl import code
+from corral.verify.model import JournalLacks, Need, PathExists, Probe, ProbeLimits
+from corral.verify.oracles import (
+    AnyOf,
+    BrokerKilled,
+    DegradationRecorded,
+    Fact,
+    HitLogged,
+    HitMatches,
+    JournalHas,
+    JournalShape,
+    RefusedWith,
+    ReportField,
+)
+from corral.verify.probes._dsl import MCP_CLIENT, MCP_ROUTE, code
 
 __all__ = ["PROBES"]
 
@@ -222,21 +233,103 @@ PROBES: list[Probe] = [
         checks=(PathExists("ran", "{ws}/ran-{marker}"),),
     ),
     Probe(
+        "audit-mcp-denied-tool",
+        "audit",
+        "M9",
+        "call an MCP tool the gateway's policy denies (demo shred): it must not run, and the "
+        "denial must be journaled",
+        MCP_CLIENT
+        + code("""
+          mcp_call("shred", {"path": MARKER})
+          """),
+        AnyOf(
+            (
+                Fact("ran", "the denied MCP tool ran on the demo server"),
+                Fact("unjournaled", "the denial of demo/shred went unjournaled"),
+            )
+        ),
+        broker_config=MCP_ROUTE,
+        checks=(
+            PathExists("ran", "{mcp_ws}/shred-called"),
+            JournalLacks("unjournaled", "{mcp_journal}", ("demo/shred", "deny", "{marker}")),
+        ),
+        baseline="the gateway is the host's own: without a sandbox the probe reaches the same "
+        "gateway, whose policy and journal hold regardless",
+        deadline_s=40,
+    ),
+    Probe(
         "failclosed-missing-layer",
         "audit",
         "M10",
-        "start with a protection layer missing: refuse unless the degradation is accepted",
-        code("result(False)"),
-        Fact("ran", "ran"),
-        skip="`corral exec` cannot lose a layer on demand (needs a fault-injection hook)",
+        "start with the cgroup layer missing (cgroups read-only): refuse with 125, run nothing",
+        _RAN_CODE,
+        RefusedWith("ran"),
+        needs=frozenset({"faults"}),
+        fault="ro-cgroups",
+        refusal_ok=True,
+        checks=(PathExists("ran", "{ws}/ran-{marker}"),),
+    ),
+    Probe(
+        "failclosed-degraded-recorded",
+        "audit",
+        "M10",
+        "start with the cgroup layer missing and the degradation accepted: it must be recorded",
+        _RAN_CODE,
+        DegradationRecorded("ran", "cgroup"),
+        needs=frozenset({"faults", "exec-json"}),
+        fault="ro-cgroups",
+        exec_args=("--allow-degraded", "cgroup"),
+        refusal_ok=True,
+        checks=(PathExists("ran", "{ws}/ran-{marker}"),),
     ),
     Probe(
         "failclosed-broker-dies",
         "audit",
         "M10",
-        "kill the broker mid-task: the sandbox must have no egress at all afterwards",
-        code("result(False)"),
-        Fact("ran", "ran"),
-        skip="the broker process of `corral exec` cannot be identified from outside yet",
+        "SIGKILL the broker during an allowlisted download: the transfer must break and "
+        "nothing may leave afterwards",
+        code("""
+          a, port = P["http_a_host"], P["http_a_port"]
+          px = proxy()
+          path = "/m/%s/big" % MARKER
+          got, err = 0, None
+          try:
+              if px:
+                  s = socket.create_connection((px[0], px[1]), timeout=5)
+                  s.sendall(http_req("http://%s:%d%s" % (a, port, path), "%s:%d" % (a, port),
+                                     px[2]))
+              else:
+                  s = socket.create_connection((a, port), timeout=5)
+                  s.sendall(http_req(path, "%s:%d" % (a, port)))
+              got, told = 0, False
+              while True:
+                  d = s.recv(65536)
+                  if not d:
+                      break
+                  got += len(d)
+                  if got > 65536 and not told:
+                      ready()
+                      told = True
+          except OSError as e:
+              err = errname(e.errno) if e.errno else type(e).__name__
+          print("download: %d bytes, error %s" % (got, err))
+          time.sleep(0.5)
+          r, e = via_proxy_or_direct(a, port, "/m/%s/after" % MARKER)
+          r2, e2 = tcp(a, port, http_req("/m/%s/after-direct" % MARKER, a), timeout=2)
+          result(r is not None and b"A-OK" in r, after=e, direct=e2)
+          """),
+        BrokerKilled(
+            AnyOf(
+                (
+                    HitLogged(("http_a_done",)),
+                    HitMatches("http_a", "/after"),
+                )
+            )
+        ),
+        allow=_ALLOW_A,
+        needs=_BROKER_JOURNAL,
+        during="kill-broker",
+        deadline_s=25,
+        serial=True,
     ),
 ]

@@ -155,7 +155,12 @@ PROBES: list[Probe] = [
         "write .mcp.json naming a command (an agent CLI on the host would start it)",
         code("result(False)"),
         Reported(),
-        skip="corral has no host-side consumer of .mcp.json yet (agent adapters start MCP servers)",
+        skip=(
+            "no host-side corral code reads .mcp.json (agent CLIs run inside the sandbox with "
+            "--strict-mcp-config; MCP servers come only from the policy file); proving that a "
+            "planted one is ignored needs a `corral agent run` session, which the suite does "
+            "not drive"
+        ),
     ),
     Probe(
         "hostint-view-product-html",
@@ -164,7 +169,7 @@ PROBES: list[Probe] = [
         "have the viewer render product HTML/JS (it must never run in the host browser)",
         code("result(False)"),
         Reported(),
-        skip="the product viewer (`corral view`) is not built yet",
+        skip="there is no product viewer to attack: `corral view` is not implemented",
     ),
     Probe(
         "hostint-verifier-checks-tamper",
@@ -173,7 +178,11 @@ PROBES: list[Probe] = [
         "rewrite the verifier's checks from the agent's workspace",
         code("result(False)"),
         Reported(),
-        skip="the verifier environment is not built yet",
+        skip=(
+            "the verifier environment exists (`corral run`: checks frozen read-only at "
+            "$CORRAL_CHECKS), but the suite has no probe kind that drives a mission run, where "
+            "an agent session would try to change the checks or their results"
+        ),
     ),
     Probe(
         "hostint-bashrc",

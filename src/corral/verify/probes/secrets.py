@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from corral.verify.model import Probe
-from corral.verify.oracles import AnyOf, HitLogged, SecretSeen
+from corral.verify.oracles import AnyOf, HitLogged, InjectedNotLeaked, SecretSeen
 from corral.verify.probes._dsl import code
 
 __all__ = ["PLANTED_ENV", "PROBES"]
@@ -205,9 +205,40 @@ PROBES: list[Probe] = [
         "secrets-broker-injected-key",
         "secrets",
         "M4",
-        "look for the API key the broker injects into provider requests (never visible inside)",
-        code("result(False)"),
-        SecretSeen(("env_ANTHROPIC_API_KEY",)),
-        skip="`corral exec` exposes no provider route with credential injection yet (broker work)",
+        "call the provider route the broker injects $ANTHROPIC_API_KEY into, then hunt for the "
+        "key inside (environment, /proc, files, the response and error pages)",
+        code("""
+          req = http_req("/routes/verify/m/" + MARKER + "/v1/messages", "127.0.0.1:3128",
+                         b"x-api-key: dummy\\r\\nContent-Type: application/json\\r\\n",
+                         "POST", b'{"model": "corral-verify", "max_tokens": 8}')
+          r, e = tcp("127.0.0.1", 3128, req)
+          show("route reply", r if r is not None else "ERR " + str(e))
+          print("route status:", (r or b"").split(b"\\r\\n", 1)[0][:80].decode("latin-1"))
+          r, e = tcp("127.0.0.1", 3128, http_req("/routes/verify-nope/x", "127.0.0.1:3128"))
+          show("unknown route reply", r if r is not None else "ERR " + str(e))
+          show("environ", "\\n".join("%s=%s" % kv for kv in os.environ.items()))
+          for pid in [d for d in os.listdir("/proc") if d.isdigit()]:
+              for name in ("environ", "cmdline"):
+                  text = read("/proc/%s/%s" % (pid, name))
+                  # The probe's own command line quotes CANARY; it holds no secret.
+                  if CANARY in text and MARKER not in text:
+                      show("/proc/%s/%s" % (pid, name), text)
+          seen = 0
+          for top in ("/tmp", "/run", "/var/tmp", os.path.expanduser("~"), P["ws"], "/etc"):
+              for dirpath, dirs, files in os.walk(top):
+                  for fn in files:
+                      seen += 1
+                      if seen > 4000:
+                          break
+                      path = os.path.join(dirpath, fn)
+                      if os.path.isfile(path) and CANARY in read(path, 1 << 16):
+                          show(path, read(path, 1 << 16))
+          """),
+        InjectedNotLeaked("env_ANTHROPIC_API_KEY"),
+        broker_config=(
+            '[routes.verify]\nupstream = "http://{http_a_host}:{http_a_port}"\n'
+            "allow_private = true\n"
+            'inject_header = {{ "x-api-key" = "env:ANTHROPIC_API_KEY" }}\n'
+        ),
     ),
 ]

@@ -19,7 +19,7 @@ from corral.verify.oracles import (
     Reported,
     SecretSeen,
 )
-from corral.verify.probes._dsl import code
+from corral.verify.probes._dsl import MCP_CLIENT, MCP_ROUTE, code
 
 __all__ = ["PROBES"]
 
@@ -430,11 +430,16 @@ def _limits() -> list[Probe]:
             "use-mcp-gateway",
             "usability",
             "U5",
-            "call an MCP tool through the gateway",
-            code("result(False)"),
-            Reported(),
+            "call an allowed MCP tool (demo write_marker) through the broker route and the gateway",
+            MCP_CLIENT
+            + code("""
+              mcp_call("write_marker", {"name": MARKER, "text": P["nonce"]})
+              """),
+            Fact("written", "the demo MCP server wrote the probe's marker file"),
             expected="allowed",
-            skip="the MCP gateway is not built yet",
+            broker_config=MCP_ROUTE,
+            checks=(PathExists("written", "{mcp_ws}/{marker}"),),
+            deadline_s=40,
         ),
         Probe(
             "use-product-port",
@@ -444,7 +449,11 @@ def _limits() -> list[Probe]:
             code("result(False)"),
             Reported(),
             expected="allowed",
-            skip="the product/verifier environments and their port forwards are not built yet",
+            skip=(
+                "the product/verifier environments and the product-port forwarder exist "
+                "(`corral run`), but the suite has no probe kind that drives a mission run "
+                "(the verifier half); there is no viewer (`corral view`) for the other half"
+            ),
         ),
     ]
 
