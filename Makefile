@@ -30,8 +30,8 @@ demo: install
 	$(BIN)/corral run examples/todo-api/MISSION.md --agent claude-code
 
 lint: venv
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/ruff format --check src tests bench scripts
 
 typecheck: venv
 	$(BIN)/mypy
