@@ -41,6 +41,7 @@ __all__ = [
     "AgentAdapter",
     "AgentResult",
     "ConfigFile",
+    "HasSyntheticModel",
     "Launch",
     "LaunchRequest",
     "McpEndpoint",
@@ -256,6 +257,15 @@ class AgentResult:
             "denials": list(self.denials),
             "session_id": self.session_id,
         }
+
+
+class HasSyntheticModel(Protocol):
+    """The one thing `corral.agents.runner.launch_request` needs of an agent."""
+
+    @property
+    def synthetic_model(self) -> str | None:
+        """The model to ask the synthetic provider for (None: the CLI's default)."""
+        ...
 
 
 class AgentAdapter(Protocol):

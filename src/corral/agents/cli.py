@@ -182,25 +182,25 @@ def _dry_run(
     policy: object,
     model: str | None,
 ) -> str:
-    from corral.agents.base import DEFAULT_HOME, LaunchRequest, McpEndpoint, ProviderEndpoint
+    from corral.agents.base import DEFAULT_HOME, McpEndpoint
     from corral.agents.install import default_tools_dir, executable_path
     from corral.agents.mcp_policy import McpPolicy
     from corral.agents.registry import get_adapter
     from corral.agents.routes import MCP_ROUTE, check_compatible, parse_provider
-    from corral.agents.runner import SANDBOX_BROKER
+    from corral.agents.runner import SANDBOX_BROKER, launch_request
 
     adapter = get_adapter(agent)
     choice = parse_provider(provider)
     check_compatible(choice, adapter.name, adapter.wire)
     servers = policy.servers if isinstance(policy, McpPolicy) else {}
-    request = LaunchRequest(
-        prompt=prompt,
+    request = launch_request(
+        adapter,
+        prompt,
+        provider=choice,
         executable=str(executable_path(adapter, default_tools_dir())),
         workspace=str(workspace.resolve()),
-        provider=ProviderEndpoint(
-            f"{SANDBOX_BROKER}/routes/{choice.route}",
-            model=model or (adapter.synthetic_model if choice.kind == "synthetic" else None),
-        ),
+        base_url=f"{SANDBOX_BROKER}/routes/{choice.route}",
+        model=model,
         home=DEFAULT_HOME,
         mcp=tuple(McpEndpoint(n, f"{SANDBOX_BROKER}/routes/{MCP_ROUTE}/{n}/mcp") for n in servers),
     )

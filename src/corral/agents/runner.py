@@ -51,6 +51,7 @@ from corral.agents.base import (
     DEFAULT_HOME,
     AgentAdapter,
     AgentResult,
+    HasSyntheticModel,
     LaunchRequest,
     McpEndpoint,
     ProviderEndpoint,
@@ -73,6 +74,7 @@ __all__ = [
     "AgentRun",
     "exec_argv",
     "finalize",
+    "launch_request",
     "parse_exec_summary",
     "run_agent",
 ]
@@ -201,6 +203,46 @@ def exec_argv(
     return [*argv, "--", *launch_argv]
 
 
+def launch_request(
+    adapter: HasSyntheticModel,
+    prompt: str,
+    *,
+    provider: ProviderChoice,
+    executable: str,
+    workspace: str,
+    base_url: str,
+    model: str | None = None,
+    home: str = DEFAULT_HOME,
+    mcp: tuple[McpEndpoint, ...] = (),
+    sandboxed: bool = True,
+    request_timeout_s: float = 120.0,
+    extra_args: Sequence[str] = (),
+) -> LaunchRequest:
+    """The request `adapter.launch` gets for one session (pure).
+
+    Every caller that launches an agent CLI (`run_agent`, `corral agent run
+    --dry-run`, the `corral run` coordinator) builds its request here, so the
+    CLI is configured the same way wherever it runs. `base_url` is the provider
+    as the agent sees it. Without an explicit `model`, the synthetic provider
+    is asked for the adapter's `synthetic_model` (Codex and Gemini need one the
+    scripted provider can drive; see `AgentAdapter.synthetic_model`) and a real
+    provider for the CLI's default.
+    """
+    if not model:
+        model = adapter.synthetic_model if provider.kind == "synthetic" else None
+    return LaunchRequest(
+        prompt=prompt,
+        executable=executable,
+        workspace=workspace,
+        provider=ProviderEndpoint(base_url=base_url, model=model),
+        home=home,
+        mcp=mcp,
+        sandboxed=sandboxed,
+        request_timeout_s=request_timeout_s,
+        extra_args=tuple(extra_args),
+    )
+
+
 def _within(child: Path, parent: Path) -> bool:
     return child == parent or parent in child.parents
 
@@ -323,19 +365,19 @@ def run_agent(
             Path(home).mkdir(exist_ok=True)
             # A TMPDIR of its own: Codex refuses a CODEX_HOME below TMPDIR.
             (state / "tmp").mkdir(exist_ok=True)
-        request = LaunchRequest(
-            prompt=prompt,
+        request = launch_request(
+            adapter,
+            prompt,
+            provider=choice,
             executable=str(exe),
             workspace=str(ws),
-            provider=ProviderEndpoint(
-                base_url=base,
-                model=model or (adapter.synthetic_model if choice.kind == "synthetic" else None),
-            ),
+            base_url=base,
+            model=model,
             home=home,
             mcp=mcp_eps,
             sandboxed=sandbox,
             request_timeout_s=request_timeout_s,
-            extra_args=tuple(extra_args),
+            extra_args=extra_args,
         )
         launch = adapter.launch(request)
         stdout_path = state / "agent.stdout.jsonl"

@@ -2,8 +2,12 @@
 
 The coordinator codes against `RunAgent`: a `corral.agents` adapter
 (`launch(LaunchRequest) -> Launch`, `parse_output(stdout, exit) -> AgentResult`,
-both pure) plus `install()`: where its executable is on the host and which
-host paths the agent sandbox must see read-only to run it.
+both pure, and `synthetic_model`) plus `install()`: where its executable is on
+the host and which host paths the agent sandbox must see read-only to run it.
+The coordinator builds each session's request with
+`corral.agents.runner.launch_request`, as `corral agent run` does, so a CLI is
+configured the same way in both (e.g. Codex asks the synthetic provider for
+`corral-synthetic` and gets its one-entry model catalog).
 
 Agents:
 
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Protocol
 
 from corral.agents.base import (
+    AgentAdapter,
     AgentResult,
     ConfigFile,
     Launch,
@@ -68,6 +73,11 @@ class RunAgent(Protocol):
     @property
     def wire(self) -> WireApi: ...
 
+    @property
+    def synthetic_model(self) -> str | None:
+        """The model to ask the synthetic provider for when the mission names none."""
+        ...
+
     def install(self, run_tools: Path) -> AgentInstall:
         """Locate (or stage into `run_tools`) the executable; AgentError if missing."""
         ...
@@ -82,6 +92,7 @@ class ScriptAgent:
 
     name = "script"
     wire: WireApi = "anthropic"
+    synthetic_model: str | None = None
 
     def install(self, run_tools: Path) -> AgentInstall:
         run_tools.mkdir(parents=True, exist_ok=True)
@@ -141,41 +152,47 @@ def tools_dir() -> Path:
 class _NpmAgent:
     """A `corral.agents` adapter whose CLI lives in `<tools>/npm/<name>/`."""
 
-    def __init__(self, adapter: object, name: str, wire: WireApi, executable_rel: str) -> None:
+    def __init__(self, adapter: AgentAdapter) -> None:
         self._adapter = adapter
-        self.name = name
-        self.wire = wire
-        self._rel = executable_rel
+
+    @property
+    def name(self) -> str:
+        return self._adapter.name
+
+    @property
+    def wire(self) -> WireApi:
+        return self._adapter.wire
+
+    @property
+    def synthetic_model(self) -> str | None:
+        return self._adapter.synthetic_model
 
     def install(self, run_tools: Path) -> AgentInstall:
-        prefix = tools_dir() / "npm" / self.name
-        exe = prefix / "node_modules" / self._rel
+        from corral.agents.install import executable_path, prefix
+
+        exe = executable_path(self._adapter, tools_dir())
         if not exe.exists():
             raise AgentError(
                 f"agent CLI '{self.name}' is not installed (looked for {exe}); "
                 f"run scripts/install-agents.sh {self.name}"
             )
-        return AgentInstall(executable=str(exe), ro_paths=(str(prefix.resolve()),))
+        return AgentInstall(
+            executable=str(exe), ro_paths=(str(prefix(self._adapter, tools_dir()).resolve()),)
+        )
 
     def launch(self, request: LaunchRequest) -> Launch:
-        return self._adapter.launch(request)  # type: ignore[attr-defined, no-any-return]
+        return self._adapter.launch(request)
 
     def parse_output(self, stdout: str, exit_code: int) -> AgentResult:
-        return self._adapter.parse_output(stdout, exit_code)  # type: ignore[attr-defined, no-any-return]
+        return self._adapter.parse_output(stdout, exit_code)
 
 
 def resolve_agent(name: str) -> RunAgent:
     """The agent called `name`; AgentError when corral has no such agent."""
     if name == "script":
         return ScriptAgent()
-    if name == "claude-code":
-        from corral.agents.claude_code import ClaudeCode
+    if name in ("claude-code", "codex"):
+        from corral.agents.registry import ADAPTERS
 
-        cc = ClaudeCode()
-        return _NpmAgent(cc, "claude-code", cc.wire, cc.package.executable)
-    if name == "codex":
-        from corral.agents.codex import Codex
-
-        cx = Codex()
-        return _NpmAgent(cx, "codex", cx.wire, cx.package.executable)
+        return _NpmAgent(ADAPTERS[name])
     raise AgentError(f"unknown agent {name!r} (known: script, claude-code, codex)")

@@ -37,19 +37,20 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from corral.agents.base import AgentResult, LaunchRequest, ProviderEndpoint
+from corral.agents.base import AgentResult
+from corral.agents.routes import check_compatible, route_secret_env
 from corral.broker.actions import Identity, Observation, ProcessEvent
 from corral.errors import AgentError, ConfigError, CorralError, UsageError
 from corral.hostgit import TrustedRepo
 from corral.run.agent_port import RunAgent, resolve_agent
 from corral.run.environments import (
-    HOME,
     RunLayout,
     agent_broker_config,
+    agent_request,
     agent_spec,
     check_spec,
     product_spec,
-    provider_base_url,
+    provider_choice,
 )
 from corral.run.forward import NetNs, PortForwarder, probe_ready
 from corral.run.mission import Mission, ProviderRef, parse_mission, parse_provider
@@ -110,12 +111,14 @@ def create_run(
 ) -> RunLayout:
     """Make the run directory: frozen copies of the mission, scenario and checks; state; repo."""
     agent_name = agent or mission.settings.agent
-    resolve_agent(agent_name).install(runs_dir / ".probe-tools")
+    run_agent = resolve_agent(agent_name)
+    run_agent.install(runs_dir / ".probe-tools")
     shutil.rmtree(runs_dir / ".probe-tools", ignore_errors=True)
     try:
         ref = parse_provider(provider or mission.settings.provider)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    check_compatible(provider_choice(ref), run_agent.name, run_agent.wire)
     rid = run_id or new_run_id(mission.name)
     layout = RunLayout(runs_dir.absolute() / rid)
     layout.root.mkdir(parents=True, exist_ok=False)
@@ -307,8 +310,10 @@ class Coordinator:
                 transcript=self.layout.transcripts / "provider.jsonl",
             )
             self._provider_url = self._provider.start()
-        elif self.provider_ref.kind == "openai" and os.environ.get("OPENAI_API_KEY"):
-            os.environ["CORRAL_OPENAI_BEARER"] = "Bearer " + os.environ["OPENAI_API_KEY"]
+        else:
+            # Each session's broker inherits corral's environment, where the
+            # route's `env:NAME` credential is read (as in `corral agent run`).
+            os.environ.update(route_secret_env(provider_choice(self.provider_ref), os.environ))
         self._forwarder = PortForwarder(self._on_forward)
         budget = self.mission.settings.token_budget
         while True:
@@ -473,15 +478,13 @@ class Coordinator:
         out.mkdir(parents=True, exist_ok=True)
         install = self._agent.install(self.layout.tools)
         wall = self.mission.settings.session.wall_time
-        request = LaunchRequest(
+        request = agent_request(
+            self._agent,
+            self.mission,
+            self.provider_ref,
             prompt=prompt,
             executable=install.executable,
             workspace=str(self.layout.workspace),
-            provider=ProviderEndpoint(
-                base_url=provider_base_url(), model=self.mission.settings.model
-            ),
-            home=HOME,
-            request_timeout_s=min(120.0, wall),
         )
         launch = self._agent.launch(request)
         bcfg = agent_broker_config(self.mission, self.provider_ref, self._provider_url)

@@ -20,7 +20,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from corral.agents.base import Launch
+from corral.agents.base import DEFAULT_HOME, HasSyntheticModel, Launch, LaunchRequest
+from corral.agents.routes import ProviderChoice, provider_route
+from corral.agents.runner import launch_request
 from corral.broker.config import BrokerConfig, RouteConfig
 from corral.run.mission import Check, Mission, ProviderRef
 from corral.sandbox.egress import sandbox_proxy_env
@@ -31,20 +33,18 @@ __all__ = [
     "PROVIDER_ROUTE",
     "RunLayout",
     "agent_broker_config",
+    "agent_request",
     "agent_spec",
     "base_env",
     "check_spec",
     "product_spec",
     "provider_base_url",
+    "provider_choice",
     "redirect_argv",
 ]
 
-HOME = "/home/corral"
+HOME = DEFAULT_HOME
 PROVIDER_ROUTE = "provider"
-_REAL_UPSTREAMS = {
-    "anthropic": ("https://api.anthropic.com", {"x-api-key": "env:ANTHROPIC_API_KEY"}),
-    "openai": ("https://api.openai.com", {"authorization": "env:CORRAL_OPENAI_BEARER"}),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,18 +141,49 @@ def provider_base_url() -> str:
     return f"{sandbox_proxy_env()['CORRAL_BROKER_URL']}/routes/{PROVIDER_ROUTE}"
 
 
+def provider_choice(provider: ProviderRef) -> ProviderChoice:
+    """The mission's provider as `corral.agents` names it (routes, keys, wire checks)."""
+    return ProviderChoice(provider.kind, provider.scenario)
+
+
+def agent_request(
+    agent: HasSyntheticModel,
+    mission: Mission,
+    provider: ProviderRef,
+    *,
+    prompt: str,
+    executable: str,
+    workspace: str,
+) -> LaunchRequest:
+    """What the agent's adapter launches in a session: `corral agent run`'s request.
+
+    Built by `corral.agents.runner.launch_request`, so the mission's `model`,
+    else the adapter's synthetic model for a synthetic provider, else the CLI's
+    default; the provider at the broker route; no MCP servers (not wired yet).
+    """
+    return launch_request(
+        agent,
+        prompt,
+        provider=provider_choice(provider),
+        executable=executable,
+        workspace=workspace,
+        base_url=provider_base_url(),
+        model=mission.settings.model,
+        home=HOME,
+        request_timeout_s=min(120.0, mission.settings.session.wall_time),
+    )
+
+
 def agent_broker_config(
     mission: Mission, provider: ProviderRef, synthetic_url: str | None
 ) -> BrokerConfig:
-    """Rules from `[network].allow` plus the provider route (credentials injected)."""
+    """Rules from `[network].allow` plus the provider route (credentials injected).
+
+    The route is `corral agent run`'s (`corral.agents.routes.provider_route`),
+    under the name `provider`. UsageError when a synthetic provider has no URL.
+    """
     base = BrokerConfig.from_allow_flags(mission.settings.network.allow)
-    if provider.kind == "synthetic":
-        if synthetic_url is None:
-            raise ValueError("a synthetic provider needs its URL")
-        route = RouteConfig(upstream=synthetic_url, allow_private=True)
-    else:
-        upstream, inject = _REAL_UPSTREAMS[provider.kind]
-        route = RouteConfig(upstream=upstream, inject_header=inject)
+    route = RouteConfig.model_validate(provider_route(provider_choice(provider), synthetic_url))
     return base.model_copy(update={"routes": {PROVIDER_ROUTE: route}})
 
 

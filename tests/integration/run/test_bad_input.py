@@ -42,6 +42,21 @@ def test_agent_cli_not_installed(tmp_path: Path) -> None:
     assert "scripts/install-agents.sh codex" in proc.stderr
 
 
+def test_provider_the_agent_cannot_speak_is_refused(tmp_path: Path) -> None:
+    mission = write_mission(tmp_path / "m")
+    proc = corral(
+        "run",
+        str(mission),
+        "--provider",
+        "openai",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "script speaks the anthropic API, which openai does not serve" in proc.stderr
+
+
 @pytest.mark.requires_sandbox
 def test_product_that_never_becomes_ready(tmp_path: Path) -> None:
     mission = write_mission(

@@ -1,7 +1,7 @@
-"""End to end with the real Claude Code CLI (installed by scripts/install-agents.sh).
+"""End to end with the real Claude Code and Codex CLIs (installed by scripts/install-agents.sh).
 
 The same examples and scenarios as with the script test agent: the synthetic
-provider plays them to Claude Code through the agent's broker route.
+provider plays them to each CLI through the agent's broker route.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from corral.agents.install import executable_path
+from corral.agents.registry import ADAPTERS
 from corral.run.agent_port import tools_dir
 from corral.run.store import Store
 from tests.integration.run.helpers import EXAMPLES, corral, journal_ok, new_id, run_cgroup
@@ -19,9 +21,12 @@ pytestmark = [pytest.mark.requires_sandbox, pytest.mark.requires_npm, pytest.mar
 
 
 @pytest.mark.parametrize("example", ["todo-cli", "todo-api"])
-def test_claude_code_passes_the_example_in_two_sessions(tmp_path: Path, example: str) -> None:
-    if not (tools_dir() / "npm" / "claude-code" / "node_modules" / ".bin" / "claude").exists():
-        reason = "Claude Code is not installed: run scripts/install-agents.sh claude-code"
+@pytest.mark.parametrize("agent", ["claude-code", "codex"])
+def test_real_agent_passes_the_example_in_two_sessions(
+    tmp_path: Path, agent: str, example: str
+) -> None:
+    if not executable_path(ADAPTERS[agent], tools_dir()).exists():
+        reason = f"{agent} is not installed: run scripts/install-agents.sh {agent}"
         if os.environ.get("CORRAL_REQUIRE_ALL") == "1":
             pytest.fail(reason)
         pytest.skip(reason)
@@ -30,7 +35,7 @@ def test_claude_code_passes_the_example_in_two_sessions(tmp_path: Path, example:
         "run",
         str(EXAMPLES / example / "MISSION.md"),
         "--agent",
-        "claude-code",
+        agent,
         "--plain",
         "--id",
         rid,
@@ -42,7 +47,7 @@ def test_claude_code_passes_the_example_in_two_sessions(tmp_path: Path, example:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_dir = tmp_path / "runs" / rid
     with Store(run_dir / "state.sqlite", readonly=True) as s:
-        assert s.run().state == "passed" and s.run().agent == "claude-code"
+        assert s.run().state == "passed" and s.run().agent == agent
         s1, s2 = s.sessions()
     assert s1.checks_passed < s1.checks_total and s2.checks_passed == s2.checks_total
     assert s1.tokens > 0

@@ -7,11 +7,15 @@ import json
 from pathlib import Path
 
 from corral.agents.base import LaunchRequest, ProviderEndpoint
+from corral.agents.registry import ADAPTERS
+from corral.agents.routes import ProviderChoice
+from corral.agents.runner import launch_request
 from corral.broker.config import BrokerConfig
 from corral.run.agent_port import ScriptAgent, resolve_agent
 from corral.run.environments import (
     RunLayout,
     agent_broker_config,
+    agent_request,
     agent_spec,
     check_spec,
     product_spec,
@@ -141,6 +145,65 @@ def test_agent_broker_config_injects_the_real_key_by_reference() -> None:
     route = cfg.routes["provider"]
     assert route.inject_header == {"x-api-key": "env:ANTHROPIC_API_KEY"}
     assert not route.allow_private
+
+
+def test_agent_request_is_corral_agent_runs_request() -> None:
+    # The coordinator must launch each CLI as `corral agent run` does: with the
+    # synthetic provider Codex asks for `corral-synthetic` and gets its one-entry
+    # catalog (its bundled models offer no function tools the scenario can call).
+    for name in ("claude-code", "codex"):
+        agent = resolve_agent(name)
+        req = agent_request(
+            agent,
+            MISSION,
+            ProviderRef("synthetic", "/r/demo-1/scenario.yaml"),
+            prompt="Session 1 of 3.",
+            executable="/t/cli",
+            workspace="/r/demo-1/workspace",
+        )
+        same = launch_request(
+            ADAPTERS[name],
+            "Session 1 of 3.",
+            provider=ProviderChoice("synthetic", "s.yaml"),
+            executable="/t/cli",
+            workspace="/r/demo-1/workspace",
+            base_url=provider_base_url(),
+            request_timeout_s=req.request_timeout_s,
+        )
+        assert req == same
+        assert req.provider.model == ADAPTERS[name].synthetic_model
+        assert agent.launch(req) == ADAPTERS[name].launch(same)
+    codex = resolve_agent("codex")
+    launch = codex.launch(
+        agent_request(
+            codex,
+            MISSION,
+            ProviderRef("synthetic", "s"),
+            prompt="p",
+            executable="/t/c",
+            workspace="/w",
+        )
+    )
+    assert launch.argv[launch.argv.index("-m") + 1] == "corral-synthetic"
+    assert any(f.path.endswith("/.codex/corral-models.json") for f in launch.files)
+    real = agent_request(
+        codex, MISSION, ProviderRef("openai"), prompt="p", executable="/t/c", workspace="/w"
+    )
+    assert real.provider.model is None and "-m" not in codex.launch(real).argv
+    named = parse_mission(
+        MISSION.text.replace("max_sessions = 3", 'max_sessions = 3\nmodel = "m1"'),
+        "/m/x/MISSION.md",
+    )
+    req = agent_request(
+        codex, named, ProviderRef("synthetic", "s"), prompt="p", executable="/t/c", workspace="/w"
+    )
+    assert req.provider.model == "m1"
+
+
+def test_agent_broker_config_uses_corral_agent_runs_real_routes() -> None:
+    route = agent_broker_config(MISSION, ProviderRef("openai"), None).routes["provider"]
+    assert route.inject_header == {"authorization": "env:CORRAL_OPENAI_AUTHORIZATION"}
+    assert route.path_prefixes == ("/v1/",)
 
 
 def test_agent_spec_workspace_rw_egress_only_through_the_broker() -> None:
