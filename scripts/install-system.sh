@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages corral needs when they are missing (needs root or sudo).
 set -euo pipefail
-pkgs=(bubblewrap libseccomp2 python3 curl git gcc make socat iproute2 util-linux)
+# ripgrep and socat: `corral verify --backend srt` (sandbox-runtime needs both)
+pkgs=(bubblewrap libseccomp2 python3 curl git gcc make socat ripgrep iproute2 util-linux openssl)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
