@@ -260,7 +260,17 @@ def check_spec(
     """The verifier sandbox of check `i` of session `n`."""
     scratch = layout.check_dir(n, i)
     snap = layout.snapshot(n)
-    extra = {"CORRAL_SNAPSHOT": str(snap), "CORRAL_CHECKS": str(layout.checks)}
+    extra = {
+        "CORRAL_SNAPSHOT": str(snap),
+        "CORRAL_CHECKS": str(layout.checks),
+        # Checks run with the agent's snapshot as their working directory:
+        # without PYTHONSAFEPATH, `python3 -c/-m` would put it first on
+        # sys.path and an agent-written json.py could change a check's verdict.
+        # Helpers next to the checks stay importable through PYTHONPATH.
+        "PYTHONSAFEPATH": "1",
+        "PYTHONNOUSERSITE": "1",
+        "PYTHONPATH": str(layout.checks),
+    }
     product = mission.settings.product
     if product is not None:
         extra["PRODUCT_PORT"] = str(product.port)

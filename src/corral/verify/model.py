@@ -29,6 +29,7 @@ __all__ = [
     "Hit",
     "JournalLacks",
     "Judgement",
+    "MissionSpec",
     "Need",
     "Observed",
     "Probe",
@@ -263,6 +264,29 @@ Check = (
 
 
 @dataclass(frozen=True, slots=True)
+class MissionSpec:
+    """A probe that is a whole `corral run` (mission kind; corral backends only).
+
+    The runner writes a mission into a fresh directory: a fixed head (`agent =
+    "script"`, the synthetic provider, `max_sessions`, short wall times,
+    `checks_dir = "checks"`) followed by `front` (the `[product]` and
+    `[[checks]]` tables), `checks_files` in its checks directory, and a
+    scenario in which session 1's agent writes `files` into the workspace,
+    then runs the probe's program there as `python3 -I -S .corral-probe.py
+    MARKER` (its output is the probe's stdout), then says `say`. Every text
+    is a template over the probe context, which adds `mission_dir`,
+    `checks_dir`, `run_dir`, `run_checks`, `run_tools` and the host-only
+    `proof` (never given to the program, the agent or the prompt).
+    """
+
+    front: str
+    checks_files: tuple[tuple[str, str], ...] = ()
+    files: tuple[tuple[str, str], ...] = ()
+    say: str = "done"
+    max_sessions: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class Probe:
     """One attack (expected "denied") or one usability check (expected "allowed").
 
@@ -283,7 +307,8 @@ class Probe:
     `exec_args` are extra `corral exec` options; `fault` is injected around
     the backend's command on every backend. `during="kill-broker"` SIGKILLs
     the broker process the journal names (`broker_start pid=N`) once the
-    probe is ready.
+    probe is ready. With `mission` the probe is a whole `corral run` instead
+    (see `MissionSpec`); its oracle reads the run's state, report and journal.
     """
 
     id: str
@@ -313,6 +338,7 @@ class Probe:
     broker_config: str | None = None
     exec_args: tuple[str, ...] = ()
     fault: Fault | None = None
+    mission: MissionSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,13 @@ from corral.verify.backends import (
     with_fault,
 )
 from corral.verify.canaries import CanarySet, kill_victim, plant_canaries, spawn_kill_victim
+from corral.verify.missions import (
+    PROBE_OUT,
+    changed_files,
+    digests,
+    render_mission,
+    render_scenario,
+)
 from corral.verify.model import (
     Evidence,
     FileChanged,
@@ -57,6 +64,7 @@ from corral.verify.model import (
     IsDevice,
     JournalLacks,
     KernelLog,
+    MissionSpec,
     MountedAt,
     Observed,
     PathExists,
@@ -121,8 +129,12 @@ class SuiteOptions:
     netns: bool = True
 
 
-#: Context keys the runner fills for every run (never missing).
-_PER_RUN = frozenset({"marker", "nonce", "ws", "ws_parent", "workspace", "kill_victim_pid"})
+#: Context keys the runner fills for every run (never missing); the second
+#: line for mission probes (see MissionSpec).
+_PER_RUN = frozenset(
+    {"marker", "nonce", "ws", "ws_parent", "workspace", "kill_victim_pid"}
+    | {"mission_dir", "checks_dir", "run_dir", "run_checks", "run_tools", "proof"}
+)
 
 
 def used_keys(p: Probe) -> set[str]:
@@ -138,6 +150,9 @@ def used_keys(p: Probe) -> set[str]:
     ]
     for item in (*p.steps, *p.checks):
         templates += [v for f in fields(item) if isinstance(v := getattr(item, f.name), str)]
+    if p.mission is not None:
+        m = p.mission
+        templates += [m.front, m.say, *(t for pair in (*m.files, *m.checks_files) for t in pair)]
     for t in templates:
         keys |= {name for _, name, _, _ in string.Formatter().parse(t) if name}
     return {k for k in keys - _PER_RUN if not k.startswith("s_")}
@@ -531,6 +546,97 @@ def read_journal(path: str) -> tuple[dict[str, Any], ...] | None:
     return tuple(rows)
 
 
+def _results(stdout: str) -> list[dict[str, Any]]:
+    """The probe's structured reports (`CORRAL-RESULT {json}` lines)."""
+    out = []
+    for line in stdout.splitlines():
+        if line.startswith("CORRAL-RESULT "):
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line[len("CORRAL-RESULT ") :]))
+    return out
+
+
+def _read_plain(path: Path, limit: int) -> str:
+    """The first `limit` bytes of a regular file a sandbox may have written;
+    never follows a link it planted ("" otherwise)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return ""
+        return os.read(fd, limit).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+
+
+def _tree_digests(root: Path) -> dict[str, str]:
+    """Digest of every file's content below `root` by relative path (links by
+    their target text, never followed; other non-regular entries by their type)."""
+    files: dict[str, bytes] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+        for name in [*filenames, *links]:
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, root)
+            st = os.lstat(full)
+            if stat.S_ISLNK(st.st_mode):
+                files[rel] = b"symlink:" + os.readlink(full).encode()
+            elif stat.S_ISREG(st.st_mode):
+                with open(full, "rb") as f:
+                    files[rel] = f.read()
+            else:
+                files[rel] = b"type:%o" % stat.S_IFMT(st.st_mode)
+    return digests(files)
+
+
+def _run_facts(run_dir: Path, exit_code: int | None) -> dict[str, Any]:
+    """What a mission run left on the host: state, checks and report (read-only)."""
+    from corral.run.store import Store
+
+    facts: dict[str, Any] = {
+        "mission_exit": exit_code,
+        "run_state": None,
+        "mission_checks": [],
+        "report_md": _read_plain(run_dir / "report.md", 1 << 20),
+    }
+    if not (run_dir / "state.sqlite").is_file():
+        return facts
+    with (
+        contextlib.suppress(CorralError, sqlite3.Error),
+        Store(run_dir / "state.sqlite", readonly=True) as store,
+    ):
+        run = store.run()
+        facts["run_state"] = run.state
+        facts["end_reason"] = run.end_reason
+        facts["mission_checks"] = [
+            {
+                "session": s.n,
+                "name": c.name,
+                "passed": c.passed,
+                "reason": c.reason,
+                "exit": c.exit,
+                "output": c.output,
+            }
+            for s in store.sessions()
+            for c in store.checks(s.n)
+        ]
+    return facts
+
+
+def _sweep_run(run_id: str) -> None:
+    """Kill and remove whatever a killed coordinator left of the run's cgroups."""
+    from corral.run.runcg import RunCgroup
+
+    with contextlib.suppress(CorralError, OSError):
+        cg = RunCgroup.detect(run_id)
+        if cg is not None and cg.exists():
+            cg.sweep()
+
+
 @dataclass
 class _Proc:
     stdout: list[str] = field(default_factory=list)
@@ -627,6 +733,17 @@ class _Suite:
     def skip_reason(self, p: Probe) -> Skipped | None:
         if p.skip:
             return Skipped(p, "not-tested", p.skip)
+        if p.mission is not None and self.backend.kind != "corral":
+            return Skipped(
+                p,
+                "not-applicable",
+                "a mission probe tests corral's run environments (agent, product, verifier), "
+                f"which {self.backend.name} does not have",
+            )
+        if p.mission is not None and self.backend.name != "namespace":
+            return Skipped(
+                p, "not-tested", "`corral run` drives namespace sandboxes only (no --backend)"
+            )
         for key in sorted(set(p.uses) | used_keys(p)):
             if key in self.cs.absent:
                 return Skipped(p, "not-applicable", self.cs.absent[key])
@@ -693,6 +810,8 @@ class _Suite:
                 victim = spawn_kill_victim()
                 ctx["kill_victim_pid"] = victim.pid
                 stack.callback(kill_victim, victim)
+            if p.mission is not None:
+                return self._execute_mission(p, p.mission, ctx=ctx, marker=marker)
             for step in p.steps:
                 _apply_step(step, ctx)
             snaps = {
@@ -825,11 +944,7 @@ class _Suite:
             t.join(2.0)
         stdout, stderr_all = "".join(io.stdout), "".join(io.stderr)
         report, stderr = self.backend.report(stderr_all)
-        results = []
-        for line in stdout.splitlines():
-            if line.startswith("CORRAL-RESULT "):
-                with contextlib.suppress(ValueError):
-                    results.append(json.loads(line[len("CORRAL-RESULT ") :]))
+        results = _results(stdout)
         ev = Evidence(
             stdout=stdout,
             stderr=stderr,
@@ -850,6 +965,101 @@ class _Suite:
             ctx=ctx,
         )
         self._cleanup(p, ctx, marker, snaps)
+        return self._judge(p, ev, wall)
+
+    def _execute_mission(
+        self, p: Probe, m: MissionSpec, *, ctx: dict[str, Any], marker: str
+    ) -> ProbeResult | Skipped:
+        """Write the mission, run `corral run` on it (bounded by the probe's
+        deadline), then judge from the run directory on the host."""
+        base = Path(self.cs.root) / "missions" / marker
+        mdir, runs = base / "mission", base / "runs"
+        run_dir = runs / marker
+        ctx.update(
+            mission_dir=str(mdir),
+            checks_dir=str(mdir / "checks"),
+            run_dir=str(run_dir),
+            run_checks=str(run_dir / "checks"),
+            run_tools=str(run_dir / "tools"),
+        )
+        params = {k: v for k, v in ctx.items() if isinstance(v, str | int | float)}
+        program = f"import json\nP = json.loads({json.dumps(params)!r})\n{PRELUDE}\n{p.code}"
+        # Host-only: in the checks and the mission's check tables, never in
+        # the program, the scenario or the agent's prompt.
+        ctx["proof"] = "cvp" + secrets.token_hex(8)
+        (mdir / "checks").mkdir(parents=True)
+        written = {name: _fill(text, ctx).encode() for name, text in m.checks_files}
+        for name, data in written.items():
+            (mdir / "checks" / name).write_bytes(data)
+        expected = digests(written)
+        (mdir / "MISSION.md").write_text(render_mission(p.id, m, ctx), encoding="utf-8")
+        (mdir / "scenario.yaml").write_text(
+            render_scenario(m, ctx, program=program, marker=marker), encoding="utf-8"
+        )
+        from corral.run import coordinator
+
+        argv = [sys.executable, "-m", "corral", "run", str(mdir / "MISSION.md"), "--plain"]
+        argv += ["--runs-dir", str(runs), "--id", marker]
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            argv,
+            cwd=base,
+            env=self.caller_env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        harness_timeout = False
+        try:
+            out, _ = proc.communicate(timeout=p.deadline_s)
+        except subprocess.TimeoutExpired:
+            harness_timeout = True
+            # SIGTERM is `corral stop`: the coordinator kills the run's cgroups itself.
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                out, _ = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(OSError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                out, _ = proc.communicate(timeout=10)
+        wall = time.monotonic() - started
+        survivors = _survivors(marker, 0.06)
+        _sweep_run(marker)
+        kill_marker(marker)
+        facts = _run_facts(run_dir, proc.returncode)
+        checker = {"http_check.py": coordinator.HTTP_CHECKER.read_bytes()}
+        changed = [f"mission {c}" for c in changed_files(expected, _tree_digests(mdir / "checks"))]
+        # The run's copies exist only once `corral run` got that far.
+        if (run_dir / "checks").is_dir():
+            copy = _tree_digests(run_dir / "checks")
+            changed += [f"run {c}" for c in changed_files(expected, copy)]
+        if (run_dir / "tools" / "http_check.py").exists():
+            tools = {k: v for k, v in _tree_digests(run_dir / "tools").items() if k in checker}
+            changed += [f"tools {c}" for c in changed_files(digests(checker), tools)]
+        facts["checks_changed"] = changed
+        journal = None
+        if (run_dir / "journal.sqlite").is_file():
+            from corral.broker.journal import read_rows
+
+            with contextlib.suppress(CorralError, sqlite3.Error):
+                journal = tuple(r.to_json_dict() for r in read_rows(run_dir / "journal.sqlite"))
+        ev = Evidence(
+            stdout=_read_plain(run_dir / "workspace" / PROBE_OUT, 65536),
+            stderr=out.decode("utf-8", "replace")[-_RAW_LIMIT:],
+            exit=proc.returncode,
+            wall_s=wall,
+            harness_timeout=harness_timeout,
+            results=tuple(_results(_read_plain(run_dir / "workspace" / PROBE_OUT, 65536))),
+            survivors=survivors,
+            facts=facts,
+            journal=journal,
+            secrets={**self.cs.secrets},
+            ctx=ctx,
+        )
+        if not self.opts.keep:
+            shutil.rmtree(base, ignore_errors=True)
         return self._judge(p, ev, wall)
 
     def _facts(

@@ -63,10 +63,55 @@ def test_namespace_backend_meets_every_mandatory_requirement(tmp_path: Path) -> 
         _lines(report, "unexpected")
     )
     assert report["_exit"] == 0
-    # Credential injection, a missing layer, a killed broker and the MCP gateway
-    # are exercised for real: these requirements are fully tested, not partly.
-    untested = {r: reasons[r] for r in ("M4", "M10", "U3", "U5") if reqs[r] != "met"}
+    # Credential injection, a missing layer, a killed broker, the MCP gateway and
+    # mission runs (verifier integrity, the product's port) are exercised for
+    # real: these requirements are fully tested, not partly.
+    untested = {r: reasons[r] for r in ("M4", "M10", "M12", "U3", "U5", "U9") if reqs[r] != "met"}
     assert not untested, untested
+
+
+@pytest.mark.requires_sandbox
+@pytest.mark.timeout(120)
+def test_mission_probes_meet_verifier_integrity_and_the_product_port(tmp_path: Path) -> None:
+    """The mission probes alone (a few `corral run`s): M12 and U9 are met on corral."""
+    report = _verify(
+        tmp_path,
+        "--backend",
+        "namespace",
+        "--no-netns",
+        "--probe",
+        "hostint-verifier-",
+        "--probe",
+        "use-product-port",
+        timeout=110,
+    )
+    reqs, reasons = report["requirements"], report["requirement_reasons"]
+    assert isinstance(reqs, dict) and isinstance(reasons, dict)
+    assert reqs["M12"] == "met" and reqs["U9"] == "met", (reasons["M12"], reasons["U9"])
+    probes = report["probes"]
+    assert isinstance(probes, list) and len(probes) == 4
+    assert all(p["verdict"] == "ok" for p in probes), _lines(report, "unexpected")
+
+
+@pytest.mark.requires_root
+@pytest.mark.timeout(120)
+def test_mission_probes_are_not_applicable_without_run_environments(tmp_path: Path) -> None:
+    report = _verify(
+        tmp_path,
+        "--backend",
+        "none",
+        "--no-netns",
+        "--probe",
+        "use-product-port",
+        "--probe",
+        "hostint-verifier-",
+        timeout=110,
+    )
+    reqs = report["requirements"]
+    assert isinstance(reqs, dict) and reqs["M12"] == reqs["U9"] == "not-applicable"
+    not_run = report["not_run"]
+    assert isinstance(not_run, list) and len(not_run) == 4
+    assert all("run environments" in s["reason"] for s in not_run)
 
 
 @pytest.mark.requires_root

@@ -321,3 +321,19 @@ def test_render_status() -> None:
     )
     assert "session 2/5" in s and "1:05" in s and "4 allowed / 1 denied" in s
     assert "checks 1/2" in s
+
+
+def test_verifier_python_never_imports_from_the_snapshot() -> None:
+    """An agent-written module in the snapshot must not shadow what a check imports (M12)."""
+    run = check_spec(
+        LAYOUT,
+        MISSION,
+        n=1,
+        i=1,
+        check=MISSION.settings.checks[1],
+        http_checker=Path("/r/demo-1/tools/http_check.py"),
+    )
+    env = dict(run.env)
+    assert env["PYTHONSAFEPATH"] == "1"
+    assert env["PYTHONPATH"] == "/r/demo-1/checks"
+    assert env["PYTHONNOUSERSITE"] == "1"

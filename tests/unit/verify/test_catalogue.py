@@ -215,6 +215,10 @@ def test_formerly_untestable_probes_now_run() -> None:
         "failclosed-broker-dies",
         "use-mcp-gateway",
         "audit-mcp-denied-tool",
+        "use-product-port",
+        "hostint-verifier-checks-tamper",
+        "hostint-verifier-results-forge",
+        "hostint-verifier-check-hijack",
     ):
         assert by_id[pid].skip is None, pid
     assert by_id["failclosed-broker-dies"].during == "kill-broker"

@@ -15,6 +15,7 @@ from __future__ import annotations
 from corral.verify.model import FileChanged, GitRepo, HostGit, Probe, TtyInjected
 from corral.verify.oracles import Fact, Reported
 from corral.verify.probes._dsl import code
+from corral.verify.probes._mission import M12_PROBES
 
 __all__ = ["PROBES"]
 
@@ -171,19 +172,7 @@ PROBES: list[Probe] = [
         Reported(),
         skip="there is no product viewer to attack: `corral view` is not implemented",
     ),
-    Probe(
-        "hostint-verifier-checks-tamper",
-        "host-integrity",
-        "M12",
-        "rewrite the verifier's checks from the agent's workspace",
-        code("result(False)"),
-        Reported(),
-        skip=(
-            "the verifier environment exists (`corral run`: checks frozen read-only at "
-            "$CORRAL_CHECKS), but the suite has no probe kind that drives a mission run, where "
-            "an agent session would try to change the checks or their results"
-        ),
-    ),
+    *M12_PROBES,
     Probe(
         "hostint-bashrc",
         "host-integrity",

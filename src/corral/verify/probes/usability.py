@@ -20,6 +20,7 @@ from corral.verify.oracles import (
     SecretSeen,
 )
 from corral.verify.probes._dsl import MCP_CLIENT, MCP_ROUTE, code
+from corral.verify.probes._mission import U9_PROBES
 
 __all__ = ["PROBES"]
 
@@ -441,20 +442,7 @@ def _limits() -> list[Probe]:
             checks=(PathExists("written", "{mcp_ws}/{marker}"),),
             deadline_s=40,
         ),
-        Probe(
-            "use-product-port",
-            "usability",
-            "U9",
-            "reach the product's port from the verifier and the viewer",
-            code("result(False)"),
-            Reported(),
-            expected="allowed",
-            skip=(
-                "the product/verifier environments and the product-port forwarder exist "
-                "(`corral run`), but the suite has no probe kind that drives a mission run "
-                "(the verifier half); there is no viewer (`corral view`) for the other half"
-            ),
-        ),
+        *U9_PROBES,
     ]
 
 
