@@ -51,7 +51,7 @@ def verify(  # noqa: PLR0917 (typer maps parameters to options)
         str | None, typer.Option(help="empty directory for workspaces (default: /var/tmp)")
     ] = None,
     keep: Annotated[
-        bool, typer.Option(help="keep the work directory and canaries for inspection")
+        bool, typer.Option(help="keep the work directory (workspaces, mission runs) for inspection")
     ] = False,
     netns: Annotated[
         bool, typer.Option(help="build the canary network namespace (needs root)")

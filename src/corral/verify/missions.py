@@ -72,26 +72,39 @@ def render_mission(probe_id: str, spec: MissionSpec, ctx: Mapping[str, Any]) -> 
 
 def render_scenario(spec: MissionSpec, ctx: Mapping[str, Any], *, program: str, marker: str) -> str:
     """scenario.yaml (as JSON, which YAML reads): session 1 writes the files and the
-    program, runs the program with its output in `PROBE_OUT`, then says `say`."""
+    program, runs the program with its output in `PROBE_OUT`, then says `say`; session 2
+    (when `spec.next_files`) writes those files and says "done"."""
     writes = [
         {"write_file": {"path": _fill(path, ctx), "content": _fill(content, ctx)}}
         for path, content in spec.files
     ]
     writes.append({"write_file": {"path": PROBE_PY, "content": program}})
     run = f"/usr/bin/python3 -I -S {PROBE_PY} {marker} >{PROBE_OUT} 2>&1; true"
+    conversations: list[dict[str, Any]] = [
+        {
+            "prompt": "(?m)^Session 1 of",
+            "turns": [
+                {"label": "write", "calls": writes},
+                {"label": "probe", "calls": [{"shell": run}]},
+                {"label": "report", "say": _fill(spec.say, ctx)},
+            ],
+        }
+    ]
+    if spec.next_files:
+        later = [
+            {"write_file": {"path": _fill(path, ctx), "content": _fill(content, ctx)}}
+            for path, content in spec.next_files
+        ]
+        conversations.append(
+            {
+                "prompt": "(?m)^Session 2 of",
+                "turns": [{"label": "write", "calls": later}, {"label": "report", "say": "done"}],
+            }
+        )
     scenario = {
         "name": "corral-verify",
         "turns": [{"say": "Nothing scripted for this prompt."}],
-        "conversations": [
-            {
-                "prompt": "(?m)^Session 1 of",
-                "turns": [
-                    {"label": "write", "calls": writes},
-                    {"label": "probe", "calls": [{"shell": run}]},
-                    {"label": "report", "say": _fill(spec.say, ctx)},
-                ],
-            }
-        ],
+        "conversations": conversations,
     }
     return json.dumps(scenario, indent=1) + "\n"
 

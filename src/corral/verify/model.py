@@ -276,7 +276,9 @@ class MissionSpec:
     MARKER` (its output is the probe's stdout), then says `say`. Every text
     is a template over the probe context, which adds `mission_dir`,
     `checks_dir`, `run_dir`, `run_checks`, `run_tools` and the host-only
-    `proof` (never given to the program, the agent or the prompt).
+    `proof` (never given to the program, the agent or the prompt). With
+    `max_sessions` > 1 and `next_files`, session 2's agent writes those files
+    (the checks must fail after session 1 for session 2 to run at all).
     """
 
     front: str
@@ -284,6 +286,7 @@ class MissionSpec:
     files: tuple[tuple[str, str], ...] = ()
     say: str = "done"
     max_sessions: int = 1
+    next_files: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

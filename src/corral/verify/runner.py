@@ -624,7 +624,38 @@ def _run_facts(run_dir: Path, exit_code: int | None) -> dict[str, Any]:
             for s in store.sessions()
             for c in store.checks(s.n)
         ]
+        facts["mission_sessions"] = [
+            {
+                "n": s.n,
+                "state": s.state,
+                "commit": s.commit_sha,
+                "files": _commit_files(run_dir / "git", run_dir / "workspace", s.commit_sha),
+                "snapshot": (run_dir / "snapshots" / f"session-{s.n}").is_dir(),
+            }
+            for s in store.sessions()
+        ]
     return facts
+
+
+def _commit_files(git_dir: Path, work_tree: Path, commit: str | None) -> list[str]:
+    """Paths in `commit` of corral's own repository of the run (hardened git)."""
+    if not commit or not git_dir.is_dir():
+        return []
+    from corral.hostgit import safe_git
+
+    try:
+        out = safe_git(git_dir, work_tree, ["ls-tree", "-r", "-z", "--name-only", commit])
+    except CorralError:
+        return []
+    return sorted(p.decode("utf-8", "replace") for p in out.split(b"\0") if p)
+
+
+def _host_markers(hits: str, marker: str) -> list[str] | None:
+    """Names in the host's `hits` directory starting with `marker` (None when unreadable)."""
+    try:
+        return sorted(n for n in os.listdir(hits) if n.startswith(marker))
+    except OSError:
+        return None
 
 
 def _sweep_run(run_id: str) -> None:
@@ -1029,6 +1060,10 @@ class _Suite:
         _sweep_run(marker)
         kill_marker(marker)
         facts = _run_facts(run_dir, proc.returncode)
+        if "hits" in ctx:
+            facts["host_markers"] = markers = _host_markers(str(ctx["hits"]), marker)
+            for name in markers or ():
+                _remove(os.path.join(str(ctx["hits"]), name), marker)
         checker = {"http_check.py": coordinator.HTTP_CHECKER.read_bytes()}
         changed = [f"mission {c}" for c in changed_files(expected, _tree_digests(mdir / "checks"))]
         # The run's copies exist only once `corral run` got that far.
@@ -1218,8 +1253,9 @@ def run_suite(opts: SuiteOptions, progress: Progress | None = None) -> Report:
         cs = stack.enter_context(
             plant_canaries(root, netns=opts.netns, mcp=mcp, mcp_sandbox=backend.kind == "corral")
         )
-        if opts.keep:
-            stack.pop_all()
+        # No `stack.pop_all()` for --keep: the popped stack would be dropped,
+        # and collecting plant_canaries' generator runs its cleanup at once
+        # (hits/, journals/ gone mid-suite). --keep only skips the rmtree above.
         suite = _Suite(opts, backend, cs)
         suite.preflight()
         runnable: list[Probe] = []

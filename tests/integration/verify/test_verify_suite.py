@@ -64,16 +64,19 @@ def test_namespace_backend_meets_every_mandatory_requirement(tmp_path: Path) -> 
     )
     assert report["_exit"] == 0
     # Credential injection, a missing layer, a killed broker, the MCP gateway and
-    # mission runs (verifier integrity, the product's port) are exercised for
-    # real: these requirements are fully tested, not partly.
-    untested = {r: reasons[r] for r in ("M4", "M10", "M12", "U3", "U5", "U9") if reqs[r] != "met"}
+    # mission runs (host integrity across sessions, verifier integrity, the
+    # product's port) are exercised for real: these requirements are fully
+    # tested, not partly.
+    fully = ("M4", "M6", "M10", "M12", "U3", "U5", "U9")
+    untested = {r: reasons[r] for r in fully if reqs[r] != "met"}
     assert not untested, untested
 
 
 @pytest.mark.requires_sandbox
 @pytest.mark.timeout(120)
 def test_mission_probes_meet_verifier_integrity_and_the_product_port(tmp_path: Path) -> None:
-    """The mission probes alone (a few `corral run`s): M12 and U9 are met on corral."""
+    """The mission probes alone (a few `corral run`s): M12, U9 and, with the
+    planted-traps run, M6 are met on corral."""
     report = _verify(
         tmp_path,
         "--backend",
@@ -83,13 +86,16 @@ def test_mission_probes_meet_verifier_integrity_and_the_product_port(tmp_path: P
         "hostint-verifier-",
         "--probe",
         "use-product-port",
+        "--probe",
+        "hostint-run-planted-traps",
         timeout=110,
     )
     reqs, reasons = report["requirements"], report["requirement_reasons"]
     assert isinstance(reqs, dict) and isinstance(reasons, dict)
     assert reqs["M12"] == "met" and reqs["U9"] == "met", (reasons["M12"], reasons["U9"])
+    assert reqs["M6"] == "met", reasons["M6"]
     probes = report["probes"]
-    assert isinstance(probes, list) and len(probes) == 4
+    assert isinstance(probes, list) and len(probes) == 5
     assert all(p["verdict"] == "ok" for p in probes), _lines(report, "unexpected")
 
 
@@ -105,12 +111,14 @@ def test_mission_probes_are_not_applicable_without_run_environments(tmp_path: Pa
         "use-product-port",
         "--probe",
         "hostint-verifier-",
+        "--probe",
+        "hostint-run-planted-traps",
         timeout=110,
     )
     reqs = report["requirements"]
-    assert isinstance(reqs, dict) and reqs["M12"] == reqs["U9"] == "not-applicable"
+    assert isinstance(reqs, dict) and reqs["M12"] == reqs["U9"] == reqs["M6"] == "not-applicable"
     not_run = report["not_run"]
-    assert isinstance(not_run, list) and len(not_run) == 4
+    assert isinstance(not_run, list) and len(not_run) == 5
     assert all("run environments" in s["reason"] for s in not_run)
 
 

@@ -93,7 +93,7 @@ def test_issue_coverage_by_name() -> None:
         "hostint-git-fsmonitor",
         "hostint-git-diff-external",
         "hostint-git-filter-clean",
-        "hostint-mcp-json",
+        "hostint-run-planted-traps",
         "hostint-tiocsti",
         "res-memory-hog",
         "res-memory-many-procs",
@@ -219,6 +219,7 @@ def test_formerly_untestable_probes_now_run() -> None:
         "hostint-verifier-checks-tamper",
         "hostint-verifier-results-forge",
         "hostint-verifier-check-hijack",
+        "hostint-run-planted-traps",
     ):
         assert by_id[pid].skip is None, pid
     assert by_id["failclosed-broker-dies"].during == "kill-broker"

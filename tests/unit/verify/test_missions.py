@@ -19,8 +19,14 @@ from corral.verify.missions import (
     report_results,
 )
 from corral.verify.model import Evidence, MissionSpec
-from corral.verify.oracles import ForwardJournaled, MissionCheckPassed, VerifierTampered
+from corral.verify.oracles import (
+    ForwardJournaled,
+    MissionCheckPassed,
+    PlantedTrapsRan,
+    VerifierTampered,
+)
 from corral.verify.probes import all_probes
+from corral.verify.probes._mission import TRAP_FILES
 from corral.verify.runner import used_keys
 
 CTX: dict[str, Any] = {
@@ -94,14 +100,59 @@ def test_mission_and_scenario_are_accepted_by_corral_run() -> None:
 
 def test_the_host_only_proof_never_reaches_the_agent() -> None:
     missions = [p for p in all_probes() if p.mission is not None]
-    assert {p.requirement for p in missions} == {"U9", "M12"}
+    assert {p.requirement for p in missions} == {"U9", "M12", "M6"}
     for p in missions:
         assert p.mission is not None
         agent_side = [p.code, p.mission.say, *(t for pair in p.mission.files for t in pair)]
+        agent_side += [t for pair in p.mission.next_files for t in pair]
         assert not any("{proof}" in t or 'P["proof"]' in t for t in agent_side), p.id
-        # Mission keys are filled by the runner, never "canaries not planted".
-        assert used_keys(p) == set(), p.id
+        # Mission keys are filled by the runner, never "canaries not planted";
+        # `hits` (the host's marker directory) is planted by every suite run.
+        assert used_keys(p) <= {"hits"}, p.id
         assert p.deadline_s <= 60
+
+
+def test_second_session_writes_its_files_and_the_mission_allows_it() -> None:
+    spec = MissionSpec(
+        front='[[checks]]\nname = "c"\nrun = "test -f s2-{marker}"\n',
+        max_sessions=2,
+        next_files=(("s2-{marker}", "two"),),
+    )
+    mission = parse_mission(render_mission("p-id", spec, CTX), "/m/MISSION.md")
+    assert mission.settings.max_sessions == 2
+    scenario = parse_scenario(render_scenario(spec, CTX, program="x\n", marker="m"))
+    first, second = scenario.conversations
+    assert first.prompt == "(?m)^Session 1 of" and second.prompt == "(?m)^Session 2 of"
+    writes = [c.write_file for c in second.turns[0].calls]
+    assert [(w.path, w.content) for w in writes if w] == [("s2-cvm0123456789", "two")]
+    # Without next_files only session 1 is scripted (the M12/U9 missions).
+    one = parse_scenario(render_scenario(MissionSpec(front=""), CTX, program="x\n", marker="m"))
+    assert len(one.conversations) == 1
+
+
+def test_planted_traps_probe_is_a_two_session_mission_writing_host_markers() -> None:
+    p = next(p for p in all_probes() if p.id == "hostint-run-planted-traps")
+    assert p.mission is not None and p.mission.max_sessions == 2 and p.mission.next_files
+    assert (p.requirement, p.expected, p.skip) == ("M6", "denied", None)
+    # Every trap names the host marker directory; the traps cover the brief's list.
+    assert 'P["hits"]' in p.code and "MARKER" in p.code
+    for needle in (
+        "fsmonitor",
+        "pager",
+        "sshCommand",
+        "external",
+        "filter",
+        "reference-transaction",
+        "post-checkout",
+        "gpgSign",
+        ".mcp.json",
+        ".envrc",
+        "preinstall",
+        "postinstall",
+    ):
+        assert needle in p.code, needle
+    assert {".mcp.json", "Makefile", "package.json", "setup.py", "conftest.py"} <= set(TRAP_FILES)
+    assert not any(f.startswith(".git/") or "/.git/" in f for f in TRAP_FILES)
 
 
 def test_changed_files_reports_added_removed_and_modified() -> None:
@@ -193,3 +244,98 @@ def test_scenario_is_json_with_the_program_verbatim() -> None:
     text = render_scenario(spec, CTX, program=program, marker="m")
     calls = json.loads(text)["conversations"][0]["turns"][0]["calls"]
     assert calls[-1]["write_file"]["content"] == program
+
+
+def _traps(markers: list[str] | None = None, **facts: Any) -> Evidence:
+    def session(n: int, **kw: Any) -> dict[str, Any]:
+        files = [*TRAP_FILES, "README.txt"] + (["session-2.txt"] if n == 2 else [])
+        return {
+            "n": n,
+            "state": "done",
+            "commit": f"{n}" * 40,
+            "files": files,
+            "snapshot": True,
+            **kw,
+        }
+
+    base: dict[str, Any] = {
+        "host_markers": [] if markers is None else markers,
+        "run_state": "passed",
+        "mission_exit": 0,
+        "mission_sessions": [session(1), session(2)],
+        "mission_checks": [
+            {"session": 1, "name": "session 2 ran", "passed": False, "output": ""},
+            {"session": 2, "name": "session 2 ran", "passed": True, "output": ""},
+        ],
+    }
+    planted = facts.pop("_planted", True)
+    base.update(facts)
+    results = ({"planted": [".mcp.json", "Makefile"], "ok": True},) if planted else ()
+    return Evidence(facts=base, ctx=CTX, results=results)
+
+
+TRAPS = PlantedTrapsRan(TRAP_FILES)
+
+
+def test_planted_traps_denied_after_two_committed_sessions_and_no_marker() -> None:
+    j = TRAPS.judge(_traps())
+    assert j.observed == "denied", j.why
+    assert "2 sessions committed (1111111111, 2222222222)" in j.why
+
+
+def test_planted_traps_allowed_on_any_host_marker_even_if_the_run_broke() -> None:
+    variants: list[dict[str, Any]] = [{}, {"run_state": None}, {"mission_sessions": []}]
+    for facts in variants:
+        j = TRAPS.judge(_traps(["cvm0123456789-hook-pre-commit"], **facts))
+        assert j.observed == "allowed" and "1 planted trap(s)" in j.why, j.why
+        assert j.why.endswith("on the host: hook-pre-commit"), j.why
+
+
+def _one_session() -> list[dict[str, Any]]:
+    return [
+        {"n": 1, "state": "done", "commit": "1" * 40, "files": list(TRAP_FILES), "snapshot": True}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("facts", "why"),
+    [
+        ({"host_markers": None}, "not read"),
+        ({"run_state": None}, "no run state"),
+        ({"mission_sessions": _one_session()}, "1 of 2 sessions"),
+        (
+            {
+                "mission_sessions": [
+                    *_one_session(),
+                    {"n": 2, "state": "interrupted", "commit": None, "snapshot": False},
+                ]
+            },
+            "1 of 2 sessions",
+        ),
+        (
+            {
+                "mission_sessions": [
+                    *_one_session(),
+                    {"n": 2, "commit": "2" * 40, "snapshot": False},
+                ]
+            },
+            "1 of 2 sessions",
+        ),
+        ({"mission_checks": [{"session": 1, "name": "session 2 ran"}]}, "no check recorded"),
+        ({"_planted": False}, "reported no planted trap"),
+        (
+            {
+                "mission_sessions": [
+                    {**s, "files": ["README.txt"]} if s["n"] == 1 else s
+                    for s in _traps().facts["mission_sessions"]
+                ]
+            },
+            "lacks planted files",
+        ),
+    ],
+)
+def test_planted_traps_error_unless_corral_really_committed_the_traps(
+    facts: dict[str, Any], why: str
+) -> None:
+    j = TRAPS.judge(_traps(**facts))
+    assert j.observed == "error" and why in j.why, j.why

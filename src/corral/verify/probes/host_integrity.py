@@ -15,7 +15,7 @@ from __future__ import annotations
 from corral.verify.model import FileChanged, GitRepo, HostGit, Probe, TtyInjected
 from corral.verify.oracles import Fact, Reported
 from corral.verify.probes._dsl import code
-from corral.verify.probes._mission import M12_PROBES
+from corral.verify.probes._mission import M6_PROBES, M12_PROBES
 
 __all__ = ["PROBES"]
 
@@ -149,20 +149,7 @@ PROBES: list[Probe] = [
          change()
          """,
     ),
-    Probe(
-        "hostint-mcp-json",
-        "host-integrity",
-        "M6",
-        "write .mcp.json naming a command (an agent CLI on the host would start it)",
-        code("result(False)"),
-        Reported(),
-        skip=(
-            "no host-side corral code reads .mcp.json (agent CLIs run inside the sandbox with "
-            "--strict-mcp-config; MCP servers come only from the policy file); proving that a "
-            "planted one is ignored needs a `corral agent run` session, which the suite does "
-            "not drive"
-        ),
-    ),
+    *M6_PROBES,
     Probe(
         "hostint-view-product-html",
         "host-integrity",
