@@ -196,9 +196,21 @@ def marker_pids(marker: str, *, exclude: Iterable[int] = ()) -> dict[int, str]:
     needle = marker.encode()
     skip = {str(p) for p in exclude} | {str(os.getpid())}
     out: dict[int, str] = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or pid in skip:
+    # A process that re-forks every few ms lives shorter than one scan of
+    # /proc takes: it is gone when the scan reaches its listed pid, and its
+    # successor is not listed yet. Its current pid is next to the last pid
+    # the kernel handed out, so that neighbourhood is read first, directly.
+    try:
+        with open("/proc/sys/kernel/ns_last_pid", encoding="ascii") as f:
+            last = int(f.read())
+    except (OSError, ValueError):
+        last = 0
+    recent = [str(n) for n in range(last + 8, max(last - 256, 0), -1)] if last else []
+    seen: set[str] = set()
+    for pid in [*recent, *(p for p in os.listdir("/proc") if p.isdigit())]:
+        if pid in skip or pid in seen:
             continue
+        seen.add(pid)
         for line in _cmdlines(pid):
             if needle not in line:
                 continue
