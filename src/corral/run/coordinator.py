@@ -440,6 +440,7 @@ class Coordinator:
         )
         if self._stopping():
             raise _Stop
+        self._tick()  # the agent's last calls, before the display moves on
         self.progress.update(phase="commit", activity="committing the workspace")
         repo = TrustedRepo(self.layout.git_dir, self.layout.workspace)
         sha = repo.commit_all(f"session {n}: {end_reason}")
@@ -627,6 +628,7 @@ class Coordinator:
             if self._stopping():
                 raise _Stop
             store.update_session(n, phase="verify")
+            self._tick()
             self.progress.update(phase="verify", activity="running the checks")
             results = []
             for i, check in enumerate(self.mission.settings.checks):
