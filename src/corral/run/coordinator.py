@@ -465,7 +465,7 @@ class Coordinator:
         self.progress.line(
             f"session {n}: {end_reason}; "
             f"{sum(r.passed for r in results)}/{len(results)} checks passed; "
-            f"run memory peak {peak} of {run.memory_cap} bytes"
+            f"run memory peak {peak / 2**20:.0f} MiB of the {run.memory_cap / 2**20:.0f} MiB cap"
         )
         return passed
 
