@@ -9,6 +9,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from corral.verify.backends import BACKENDS as _BACKENDS
+from corral.verify.model import CATEGORIES as _CATEGORIES
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -16,19 +19,6 @@ if TYPE_CHECKING:
     from corral.verify.runner import SuiteOptions
 
 __all__ = ["register"]
-
-_BACKENDS = ("namespace", "none", "bwrap-basic", "srt", "microvm", "gvisor")
-_CATEGORIES = (
-    "files",
-    "network",
-    "secrets",
-    "processes",
-    "host-integrity",
-    "resources",
-    "privilege",
-    "audit",
-    "usability",
-)
 
 
 def verify(  # noqa: PLR0917 (typer maps parameters to options)
