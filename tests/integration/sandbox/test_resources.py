@@ -84,8 +84,10 @@ def test_cpu_quota_holds_two_busy_loops_to_half_a_core(corral_exec: ExecFn) -> N
     cpu = out.summary["cpu_s"]
     wall = out.summary["wall_s"]
     assert isinstance(cpu, float) and isinstance(wall, float)
-    # Two loops unthrottled would use ~2 CPU-seconds per second.
-    assert 0.3 <= cpu / wall <= 0.7, (cpu, wall)
+    # Two loops unthrottled would use ~2 CPU-seconds per second; the quota
+    # must hold them near 0.5. The lower bound only shows they ran (a busy
+    # host may give them less than their quota).
+    assert 0.1 <= cpu / wall <= 0.7, (cpu, wall)
 
 
 def test_wall_clock_limit(corral_exec: ExecFn) -> None:
