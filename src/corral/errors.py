@@ -46,13 +46,18 @@ class ConfigError(CorralError, ValueError):
 class LayerUnavailableError(CorralError, RuntimeError):
     """A protection layer the profile needs is not available on this host."""
 
-    def __init__(self, layer: str, reason: str, hint: str = "") -> None:
+    def __init__(
+        self, layer: str, reason: str, hint: str = "", *, degradable: bool = False
+    ) -> None:
         self.layer = layer
         self.reason = reason
         self.hint = hint
         msg = f"protection layer '{layer}' unavailable: {reason}"
-        if hint:
-            msg += f" (hint: {hint}; or pass --allow-degraded {layer})"
+        extra = [hint] if hint else []
+        if degradable:
+            extra.append(f"or pass --allow-degraded {layer}")
+        if extra:
+            msg += f" (hint: {'; '.join(extra)})"
         super().__init__(msg)
 
 

@@ -193,7 +193,7 @@ class _Layers:
         if reason is None:
             return True
         if name not in spec.allow_degraded:
-            raise LayerUnavailableError(name, reason, hint)
+            raise LayerUnavailableError(name, reason, hint, degradable=True)
         self.active[name] = f"degraded: {reason}"
         return False
 
@@ -223,12 +223,6 @@ class NamespaceSandbox:
         spec = self.spec
         layers = _Layers()
         bwrap_path = _which("bwrap") or ""
-        layers.need(
-            spec,
-            "bwrap",
-            None if bwrap_path else "bwrap not found on PATH",
-            "apt-get install bubblewrap",
-        )
         if not bwrap_path:
             raise LayerUnavailableError(
                 "bwrap", "bwrap not found on PATH", "apt-get install bubblewrap"

@@ -24,8 +24,10 @@ if TYPE_CHECKING:
 
     EnvKind = Literal["exec", "agent", "product", "verifier"]
 
-#: Protection layers a profile may require; `--allow-degraded` takes these names.
-LAYERS: tuple[str, ...] = ("bwrap", "userns", "cgroup", "seccomp", "landlock", "idmap", "broker")
+#: Protection layers a user may explicitly run without (`--allow-degraded`).
+#: bubblewrap, user namespaces and the init are not among them: without
+#: them there is no sandbox at all.
+LAYERS: tuple[str, ...] = ("cgroup", "seccomp", "landlock")
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 

@@ -104,3 +104,17 @@ def test_build_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert spec.limits.timeout_s == 600
     assert [b.path for b in spec.binds] == ["/usr/share"]
     assert "SECRET" not in dict(spec.env)
+
+
+def test_only_degradable_layers_are_offered() -> None:
+    from corral.errors import LayerUnavailableError
+
+    assert "--allow-degraded cgroup" in str(
+        LayerUnavailableError("cgroup", "not writable", "run as root", degradable=True)
+    )
+    assert "--allow-degraded" not in str(LayerUnavailableError("bwrap", "missing", "apt-get"))
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--allow-degraded", "bwrap", "--", "true"])
+    assert exc.value.code == 2
+    ns, _ = parse_args(["--allow-degraded", "landlock", "--", "true"])
+    assert ns.allow_degraded == ["landlock"]
