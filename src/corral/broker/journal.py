@@ -37,6 +37,7 @@ __all__ = [
     "GroupCommitJournal",
     "Journal",
     "JournalRow",
+    "decision_counts",
     "iter_rows",
     "observation_row",
     "outcome_row",
@@ -424,3 +425,27 @@ def iter_rows(
         raise JournalError(f"cannot read journal {p}: {exc}") from exc
     finally:
         conn.close()
+
+
+def decision_counts(path: Path, run_id: str) -> tuple[int, int]:
+    """(allowed, denied) observations of `run_id`, process events left out.
+
+    (0, 0) when the journal does not exist (yet) or cannot be read: this feeds
+    progress lines and summaries, never a decision.
+    """
+    if not path.is_file():
+        return 0, 0
+    try:
+        conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=5.0)
+        try:
+            rows = conn.execute(
+                "SELECT decision, COUNT(*) FROM observations WHERE run = ? AND"
+                " kind != 'process_event' GROUP BY decision",
+                (run_id,),
+            ).fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return 0, 0
+    counts = dict(rows)
+    return int(counts.get("allow", 0)), int(counts.get("deny", 0))

@@ -29,7 +29,6 @@ import os
 import secrets
 import shutil
 import signal
-import sqlite3
 import stat
 import time
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from corral.agents.base import AgentResult
 from corral.agents.routes import check_compatible, route_secret_env
 from corral.broker.actions import Identity, Observation, ProcessEvent
+from corral.broker.journal import decision_counts as journal_counts
 from corral.errors import AgentError, ConfigError, CorralError, UsageError
 from corral.hostgit import TrustedRepo
 from corral.run.agent_port import RunAgent, resolve_agent
@@ -161,26 +161,6 @@ def load_run(layout: RunLayout) -> tuple[Mission, RunConfig]:
     cfg = RunConfig.from_json(layout.config.read_text(encoding="utf-8"))
     mission = parse_mission(layout.mission.read_text(encoding="utf-8"), cfg.origin)
     return mission, cfg
-
-
-def journal_counts(path: Path, run_id: str) -> tuple[int, int]:
-    """(allowed, denied) observations of a run, process events left out."""
-    if not path.is_file():
-        return 0, 0
-    try:
-        conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=5.0)
-        try:
-            rows = conn.execute(
-                "SELECT decision, COUNT(*) FROM observations WHERE run = ? AND"
-                " kind != 'process_event' GROUP BY decision",
-                (run_id,),
-            ).fetchall()
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return 0, 0
-    counts = dict(rows)
-    return int(counts.get("allow", 0)), int(counts.get("deny", 0))
 
 
 class _Stop(Exception):

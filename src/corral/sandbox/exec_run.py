@@ -105,21 +105,6 @@ def _journal_outcome(
     )
 
 
-def _count(journal_path: Path, run: str) -> dict[str, int]:
-    from corral.broker.journal import iter_rows
-
-    counts = {"allowed": 0, "denied": 0}
-    with contextlib.suppress(Exception):
-        for row in iter_rows(journal_path):
-            if row.run != run or row.kind == "process_event":
-                continue
-            if row.decision == "allow":
-                counts["allowed"] += 1
-            elif row.decision == "deny":
-                counts["denied"] += 1
-    return counts
-
-
 def execute(
     spec: SandboxSpec,
     *,
@@ -198,7 +183,12 @@ def execute(
         _journal_outcome(jw, run, result, spec)
         if jw is not None:
             jw.flush()
-        observations = _count(journal_path, run) if journal_path is not None else None
+        observations = None
+        if journal_path is not None:
+            from corral.broker.journal import decision_counts
+
+            allowed, denied = decision_counts(journal_path, run)
+            observations = {"allowed": allowed, "denied": denied}
     if result.message and result.reason == "refused":
         sys.stderr.write(f"corral exec: {result.message}\n")
     if result.reason == "timeout":
