@@ -122,6 +122,29 @@ def _write(path: str, value: str) -> None:
         ) from exc
 
 
+def host_swap_bytes() -> int:
+    """SwapTotal of the host (0 when it has none or /proc/meminfo is unreadable)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("SwapTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _require_no_swap(missing: str) -> None:
+    """A memory limit must cover swap (M7): without swap accounting, refuse
+    unless the host has no swap at all (then there is nothing to cover)."""
+    if host_swap_bytes() > 0:
+        raise CgroupError(
+            errno.EOPNOTSUPP,
+            f"the memory limit cannot include swap: {missing} is missing while the host has "
+            "swap (enable swap accounting, e.g. boot with swapaccount=1, or turn swap off)",
+        )
+
+
 def _enable_v2_controllers(directory: str) -> None:
     wanted = ("memory", "pids", "cpu")
     have = _read(os.path.join(directory, "cgroup.subtree_control")).split()
@@ -153,7 +176,10 @@ class Cgroup:
             cg._mkdirs()
             cg._apply_limits(limits)
         except BaseException:
-            cg.remove(timeout_s=1.0)
+            # The reason creation failed is what the caller must see, not a
+            # second failure while cleaning up.
+            with contextlib.suppress(CgroupError):
+                cg.remove(timeout_s=1.0)
             raise
         return cg
 
@@ -191,6 +217,8 @@ class Cgroup:
                 swap = os.path.join(d, "memory.swap.max")
                 if os.path.exists(swap):
                     _write(swap, "0")
+                else:
+                    _require_no_swap("memory.swap.max")
             if limits.pids is not None:
                 _write(os.path.join(d, "pids.max"), str(limits.pids))
             if limits.cpus is not None:
@@ -207,6 +235,8 @@ class Cgroup:
             # equal values mean the sandbox gets no swap at all.
             if os.path.exists(memsw):
                 _write(memsw, str(limits.memory_bytes))
+            else:
+                _require_no_swap("memory.memsw.limit_in_bytes")
         if limits.pids is not None:
             _write(os.path.join(self.dirs["pids"], "pids.max"), str(limits.pids))
         if limits.cpus is not None:

@@ -1,6 +1,13 @@
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+from corral.errors import CgroupError
+from corral.sandbox import cgroup
 from corral.sandbox.cgroup import Cgroup, CgroupLayout, detect_layout, parse_flat_keyed
+from corral.sandbox.spec import Limits
 
 HYBRID = """\
 25 20 0:22 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
@@ -56,3 +63,33 @@ def test_cgroup_paths_v1() -> None:
 def test_parse_flat_keyed() -> None:
     text = "oom_kill_disable 0\nunder_oom 0\noom_kill 3\nbogus\n"
     assert parse_flat_keyed(text) == {"oom_kill_disable": 0, "under_oom": 0, "oom_kill": 3}
+
+
+def _fake_v1(tmp_path: Path) -> CgroupLayout:
+    mounts = []
+    for ctrl in ("memory", "pids", "cpu", "freezer"):
+        (tmp_path / ctrl).mkdir()
+        mounts.append((ctrl, str(tmp_path / ctrl)))
+    return CgroupLayout("v1", tuple(sorted(mounts)), None)
+
+
+def test_memory_limit_without_swap_accounting_fails_closed_when_host_swaps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No memsw file + host swap: the limit could be escaped through swap, so refuse."""
+    layout = _fake_v1(tmp_path)
+    monkeypatch.setattr(cgroup, "host_swap_bytes", lambda: 1 << 30)
+    with pytest.raises(CgroupError, match="cannot include swap"):
+        Cgroup.create(layout, "corral/exec-1-aa", Limits(memory_bytes=256 << 20))
+
+
+def test_memory_limit_without_swap_accounting_is_fine_without_swap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    layout = _fake_v1(tmp_path)
+    monkeypatch.setattr(cgroup, "host_swap_bytes", lambda: 0)
+    cg = Cgroup(layout, "corral/exec-1-bb")
+    cg._mkdirs()
+    cg._apply_limits(Limits(memory_bytes=256 << 20))
+    limit = tmp_path / "memory" / "corral" / "exec-1-bb" / "memory.limit_in_bytes"
+    assert limit.read_text() == str(256 << 20)
