@@ -26,6 +26,26 @@ __all__ = ["MEM_LIMIT", "PROBES"]
 MEM_LIMIT = 256 * 2**20
 _MEM = ProbeLimits(memory="256M")
 
+
+def _fill_512_mib(directory: str) -> str:
+    """Probe body: write 512 MiB into a memory-backed directory, then remove it."""
+    return f"""
+          path = "{directory}/corral-verify-" + MARKER
+          blob = b"\\1" * (8 << 20)
+          n = 0
+          try:
+              with open(path, "wb") as f:
+                  for i in range(64):
+                      f.write(blob)
+                      n += 1
+              print("wrote MiB:", 8 * n, flush=True)
+          except OSError as e:
+              print("stopped at MiB:", 8 * n, errname(e.errno))
+          time.sleep(0.3)
+          os.unlink(path)
+          """
+
+
 PROBES: list[Probe] = [
     Probe(
         "res-memory-hog",
@@ -78,21 +98,7 @@ PROBES: list[Probe] = [
         "resources",
         "M7",
         "write 512 MiB into /tmp under a 256 MiB memory limit",
-        code("""
-          path = "/tmp/corral-verify-" + MARKER
-          blob = b"\\1" * (8 << 20)
-          n = 0
-          try:
-              with open(path, "wb") as f:
-                  for i in range(64):
-                      f.write(blob)
-                      n += 1
-              print("wrote MiB:", 8 * n, flush=True)
-          except OSError as e:
-              print("stopped at MiB:", 8 * n, errname(e.errno))
-          time.sleep(0.3)
-          os.unlink(path)
-          """),
+        code(_fill_512_mib("/tmp")),
         AnyOf((MemoryAbove(MEM_LIMIT), Fact("big", "a 512 MiB file reached the host's /tmp"))),
         limits=_MEM,
         serial=True,
@@ -104,21 +110,7 @@ PROBES: list[Probe] = [
         "resources",
         "M7",
         "write 512 MiB into /dev/shm under a 256 MiB memory limit",
-        code("""
-          path = "/dev/shm/corral-verify-" + MARKER
-          blob = b"\\1" * (8 << 20)
-          n = 0
-          try:
-              with open(path, "wb") as f:
-                  for i in range(64):
-                      f.write(blob)
-                      n += 1
-              print("wrote MiB:", 8 * n, flush=True)
-          except OSError as e:
-              print("stopped at MiB:", 8 * n, errname(e.errno))
-          time.sleep(0.3)
-          os.unlink(path)
-          """),
+        code(_fill_512_mib("/dev/shm")),
         MemoryAbove(MEM_LIMIT),
         limits=_MEM,
         serial=True,
