@@ -586,6 +586,15 @@ def _start_netns(stack: ExitStack, hub: CanaryHub, cs: CanarySet, tok: str) -> N
 
     stack.callback(stop)
     try:
+        # `unshare` returns from exec only after unshare(2), but Popen returns
+        # before that: moving the veth peer "into" the pid too early puts it
+        # in the host's namespace. Wait until the pid has its own netns.
+        own = os.readlink("/proc/self/ns/net")
+        deadline = time.monotonic() + 10
+        while os.readlink(f"/proc/{proc.pid}/ns/net") == own:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise OSError("the namespace helper did not enter a network namespace")
+            time.sleep(0.002)
         _run(
             [
                 ip,
