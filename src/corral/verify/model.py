@@ -83,6 +83,9 @@ MANDATORY: dict[str, str] = {
     "M10": "fail-closed",
     "M11": "product-view",
     "M12": "verifier-integrity",
+    "M13": "hostile-output",
+    "M14": "terminal",
+    "M15": "cross-sandbox",
 }
 USABILITY: dict[str, str] = {
     "U1": "workspace read/write/exec",

@@ -95,7 +95,7 @@ def _reasons(items: Iterable[Skipped]) -> str:
 def judge_requirements(
     results: Iterable[ProbeResult], skipped: Iterable[Skipped], not_applicable: Mapping[str, str]
 ) -> tuple[RequirementVerdict, ...]:
-    """One verdict per requirement M1..M12, U1..U9 (see the module docstring)."""
+    """One verdict per requirement M1..M15, U1..U9 (see the module docstring)."""
     results, skipped = list(results), list(skipped)
     out = []
     for rid, name in REQUIREMENTS.items():
