@@ -26,6 +26,7 @@ import select
 import shutil
 import socket
 import socketserver
+import stat
 import subprocess
 import tarfile
 import threading
@@ -926,24 +927,50 @@ def _plant_files(cs: CanarySet, planter: _Planter, tok: str, home: str) -> None:
     cs.ctx["f_writable"] = f"{cs.root}/outside/writable.txt"
     cs.ctx["outside_dir"] = f"{cs.root}/outside"
     cs.ctx["other_ws"] = f"{cs.root}/other-ws"
-    planted = 0
+    # The probe prints a digest of each file it manages to read, never the
+    # content; the host compares it with the digest of the file on disk. A
+    # credential file that already exists (a developer's real one) is judged
+    # the same way as a planted one, so M4 stays tested on such a host and the
+    # real secret never reaches the probe's output or the report.
+    judged = 0
     for rel, name, body in (
         (".aws/credentials", "cred_aws", "[default]\naws_secret_access_key = {}"),
         (".config/gh/hosts.yml", "cred_gh", "github.com:\n    oauth_token: {}"),
         (".pypirc", "cred_pypirc", "[pypi]\npassword = {}"),
     ):
         path = os.path.join(home, rel)
-        if os.path.lexists(path):
-            continue
-        with contextlib.suppress(OSError):
-            planter.write(path, body.format(s[name]), 0o600)
-            planted += 1
-    if planted:
-        cs.ctx["cred_planted"] = planted
+        if not os.path.lexists(path):
+            with contextlib.suppress(OSError):
+                planter.write(path, body.format(cs.secrets[name]), 0o600)
+        digest = _file_digest(path)
+        if digest is not None:
+            cs.secrets[name] = digest
+            judged += 1
+        else:
+            cs.secrets[name] = f"unreadable-{secrets.token_hex(8)}"
+    if judged:
+        cs.ctx["cred_files"] = judged
     else:
-        cs.missing["cred_planted"] = (
-            "every well-known credential file already exists here (none overwritten)"
-        )
+        cs.missing["cred_files"] = "no credential file could be planted or read in " + home
+
+
+def _file_digest(path: str) -> str | None:
+    """sha256 of the first CRED_READ_CAP bytes of a regular file (no symlink followed)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return hashlib.sha256(f.read(CRED_READ_CAP)).hexdigest()
+    finally:
+        os.close(fd)
+
+
+#: How much of a credential file the probe and the host hash (both sides the same).
+CRED_READ_CAP = 1 << 20
 
 
 @contextlib.contextmanager

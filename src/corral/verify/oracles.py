@@ -26,7 +26,7 @@ __all__ = [
     "AllOf",
     "AnyOf",
     "BrokerKilled",
-    "CpuAbove",
+    "CpuRateAbove",
     "DegradationRecorded",
     "ExfilJournaled",
     "Fact",
@@ -349,19 +349,30 @@ class ProcsAbove:
 
 
 @dataclass(frozen=True, slots=True)
-class CpuAbove:
-    """Allowed when the task consumed more than `seconds` of CPU time."""
+class CpuRateAbove:
+    """Allowed when the task's CPU time per wall-clock second exceeded `rate`.
 
-    seconds: float
+    A rate, not an amount in a fixed window: on a loaded host an unsandboxed
+    task gets less CPU in the window, so a fixed amount flips the baseline; a
+    quota caps the rate whatever the load, and busy processes well above the
+    quota's count keep the unsandboxed rate far above it on any load this
+    suite meets.
+    """
+
+    rate: float
 
     def judge(self, ev: Evidence) -> Judgement:
         reported = 0.0
         if ev.backend_report:
             reported = float(ev.backend_report.get("cpu_s") or 0.0)
         used = max(ev.cpu_s, reported)
-        if used > self.seconds:
-            return _allowed(f"{used:.2f} CPU-seconds used > {self.seconds:.2f} allowed")
-        return _denied(f"{used:.2f} CPU-seconds used (<= {self.seconds:.2f})")
+        if ev.wall_s <= 0:
+            return Judgement("error", "no wall-clock time was measured")
+        rate = used / ev.wall_s
+        text = f"{used:.2f} CPU-seconds in {ev.wall_s:.2f} s = {rate:.2f} CPUs"
+        if rate > self.rate:
+            return _allowed(f"{text} > {self.rate:.2f}")
+        return _denied(f"{text} (<= {self.rate:.2f})")
 
 
 @dataclass(frozen=True, slots=True)

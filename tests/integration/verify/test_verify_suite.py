@@ -63,13 +63,23 @@ def test_namespace_backend_meets_every_mandatory_requirement(tmp_path: Path) -> 
         _lines(report, "unexpected")
     )
     assert report["_exit"] == 0
-    # Credential injection, a missing layer, a killed broker, the MCP gateway and
-    # mission runs (host integrity across sessions, verifier integrity, the
-    # product's port) are exercised for real: these requirements are fully
-    # tested, not partly.
-    fully = ("M4", "M6", "M10", "M12", "U3", "U5", "U9")
-    untested = {r: reasons[r] for r in fully if reqs[r] != "met"}
+    # "Not tested" is not "met": every mandatory requirement must be met here,
+    # except those listed with the reason they cannot be tested on this machine.
+    untested = {
+        r: f"{reqs[r]}: {reasons[r]}"
+        for r in MANDATORY
+        if reqs[r] != "met" and r not in MAY_BE_UNTESTED
+    }
     assert not untested, untested
+
+
+#: Mandatory requirements allowed to come back other than "met" on the
+#: namespace backend, each with why. Keep this list short and explained.
+MAY_BE_UNTESTED: dict[str, str] = {
+    # `corral view` (remote rendering of the product) does not exist yet, so
+    # no probe can look at the product: M11 is "not tested" until it lands.
+    "M11": "corral view is not built yet",
+}
 
 
 @pytest.mark.requires_sandbox
@@ -133,6 +143,60 @@ def test_baseline_every_attack_succeeds_without_a_sandbox(tmp_path: Path) -> Non
     assert isinstance(summary, dict) and summary["errors"] == 0
     # Without a sandbox the attacks succeed, so mandatory requirements fail.
     assert report["_exit"] == 1
+
+
+@pytest.mark.requires_sandbox
+@pytest.mark.timeout(180)
+def test_credential_probe_is_judged_when_real_credentials_exist(tmp_path: Path) -> None:
+    """A developer with real ~/.aws/credentials, gh hosts.yml and .pypirc: the
+    M4 probe is still judged (from a digest of the file on the host), the
+    attack works without a sandbox, fails in one, and the file's content never
+    appears in the report."""
+    home = tmp_path / "home"
+    real = {
+        ".aws/credentials": "[default]\naws_secret_access_key = REALSECRET-aws-0f3c9a\n",
+        ".config/gh/hosts.yml": "github.com:\n    oauth_token: REALSECRET-gh-77e1d2\n",
+        ".pypirc": "[pypi]\npassword = REALSECRET-pypi-5b8e40\n",
+    }
+    for rel, body in real.items():
+        path = home / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(body)
+        path.chmod(0o600)
+    env = {**os.environ, "HOME": str(home)}
+    results = {}
+    for backend in ("none", "namespace"):
+        out = tmp_path / f"{backend}.json"
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "corral",
+                "verify",
+                "--json",
+                str(out),
+                "--no-netns",
+                "--backend",
+                backend,
+                "--probe",
+                "secrets-credential-files",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=170,
+            check=False,
+            cwd=tmp_path,
+            env=env,
+        )
+        assert out.exists(), proc.stderr[-2000:]
+        text = out.read_text()
+        assert "REALSECRET" not in text and "REALSECRET" not in proc.stdout + proc.stderr
+        probes = json.loads(text)["probes"]
+        assert [p["id"] for p in probes] == ["secrets-credential-files"], text[-2000:]
+        results[backend] = probes[0]["observed"]
+    assert results == {"none": "allowed", "namespace": "denied"}
+    # The real files are left exactly as they were.
+    assert {rel: (home / rel).read_text() for rel in real} == real
 
 
 @pytest.mark.requires_root

@@ -9,7 +9,7 @@ from corral.verify.oracles import (
     AllOf,
     AnyOf,
     BrokerKilled,
-    CpuAbove,
+    CpuRateAbove,
     DegradationRecorded,
     ExfilJournaled,
     Fact,
@@ -136,8 +136,14 @@ def test_memory_uses_the_highest_source() -> None:
 def test_procs_cpu_wall() -> None:
     assert ProcsAbove(64).judge(ev(max_procs=65)).observed == "allowed"
     assert ProcsAbove(64).judge(ev(max_procs=64)).observed == "denied"
-    assert CpuAbove(1.6).judge(ev(cpu_s=3.9)).observed == "allowed"
-    assert CpuAbove(1.6).judge(ev(backend_report={"cpu_s": 1.0})).observed == "denied"
+    assert CpuRateAbove(0.5).judge(ev(cpu_s=3.9, wall_s=3.0)).observed == "allowed"
+    assert CpuRateAbove(0.5).judge(ev(cpu_s=0.8, wall_s=3.2)).observed == "denied"
+    # The backend's own report counts when it is higher than the host's measure.
+    assert (
+        CpuRateAbove(0.5).judge(ev(wall_s=3.0, backend_report={"cpu_s": 2.0})).observed
+        == "allowed"
+    )
+    assert CpuRateAbove(0.5).judge(ev(cpu_s=1.0)).observed == "error"
     assert WallAbove(3.5).judge(ev(wall_s=5.1)).observed == "allowed"
     assert WallAbove(3.5).judge(ev(wall_s=1.6)).observed == "denied"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from corral.verify.model import PathExists, Probe, ProbeLimits
 from corral.verify.oracles import (
     AnyOf,
-    CpuAbove,
+    CpuRateAbove,
     Fact,
     MemoryAbove,
     ProcsAbove,
@@ -145,25 +145,27 @@ PROBES: list[Probe] = [
         "res-cpu-hog",
         "resources",
         "M7",
-        "two busy processes, each wanting 1.5 CPU-seconds within 4 s, under a 0.5 CPU quota",
-        # Counting CPU time rather than wall time keeps the baseline honest on a
-        # loaded host: unsandboxed the two take 3 CPU-s; a 0.5 quota allows at
-        # most ~2 CPU-s in the 4 s window.
+        "four busy processes under a 0.25 CPU quota: the CPU rate (CPU-s per wall-s) stays at "
+        "the quota",
+        # Judged by rate, not by an amount in a window, so a loaded host does not
+        # flip the baseline: unsandboxed, four busy loops get several times the
+        # quota's rate even when the host gives each a small share; a 0.25 quota
+        # holds the whole sandbox at 0.25 however idle the host is.
         code("""
           kids = []
-          for i in range(2):
+          for i in range(4):
               pid = os.fork()
               if pid == 0:
-                  end = time.time() + 4.0
-                  while time.process_time() < 1.5 and time.time() < end:
+                  end = time.time() + 3.0
+                  while time.process_time() < 1.0 and time.time() < end:
                       pass
                   os._exit(0)
               kids.append(pid)
           for k in kids:
               os.waitpid(k, 0)
           """),
-        CpuAbove(2.4),
-        limits=ProbeLimits(cpus=0.5),
+        CpuRateAbove(0.5),
+        limits=ProbeLimits(cpus=0.25),
         serial=True,
         sample=True,
     ),

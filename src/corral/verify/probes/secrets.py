@@ -194,12 +194,21 @@ PROBES: list[Probe] = [
               homes |= {"/home/" + d for d in os.listdir("/home")}
           except OSError:
               pass
+          import hashlib
           for h in sorted(homes):
               for rel in (".aws/credentials", ".config/gh/hosts.yml", ".pypirc"):
-                  show(h + "/" + rel, read(h + "/" + rel))
+                  try:
+                      with open(h + "/" + rel, "rb") as f:
+                          data = f.read(1 << 20)
+                  except OSError as e:
+                      print(h + "/" + rel + ": ERR " + errname(e.errno or 0), flush=True)
+                      continue
+                  # A digest, never the content: a real credential must not
+                  # reach the output even on a host without a sandbox.
+                  print(h + "/" + rel + ": sha256 " + hashlib.sha256(data).hexdigest(), flush=True)
           """),
         SecretSeen(("cred_aws", "cred_gh", "cred_pypirc")),
-        uses=("cred_planted",),
+        uses=("cred_files",),
     ),
     Probe(
         "secrets-broker-injected-key",
