@@ -95,23 +95,26 @@ def text(value: object, style: str = "", limit: int = DEFAULT_LIMIT) -> Text:
     return Text(show(value, limit), style=style, end="")
 
 
-#: Characters that mean something to Markdown (CommonMark, GFM tables, autolinks).
-_MD_PUNCT = frozenset("\\`*_{}[]()#+-.!|~:$^=\"'@/")
+#: Characters that start Markdown syntax anywhere in a line (CommonMark inlines,
+#: GFM tables, strikethrough, math extensions, `scheme:`/`user@` autolinks).
+#: Line-start syntax (`#`, `-`, `1.`) cannot occur: values never start a line.
+_MD_PUNCT = frozenset("\\`*_[]|~$:@#")
 _MD_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
 
 
 def md(value: object, limit: int = DEFAULT_LIMIT) -> str:
-    """`show(value)` as inert Markdown text, safe in a table cell.
+    """`show(value)` as inert Markdown text, safe mid-line and in a table cell.
 
-    `<`, `>` and `&` become entities (no HTML survives), every Markdown
-    metacharacter is backslash-escaped (no links, images, emphasis, code or
-    cell breaks), `:`, `.`, `/` and `@` too (no bare autolinks).
+    `<`, `>` and `&` become entities (no HTML, no `<...>` autolink, no entity
+    reference survives); emphasis, code, link/image brackets, cell breaks and
+    autolink triggers (`:`, `@`, the dot of `www.`) are backslash-escaped.
     """
     out: list[str] = []
-    for ch in show(value, limit):
+    shown = show(value, limit)
+    for i, ch in enumerate(shown):
         if ch in _MD_ENTITIES:
             out.append(_MD_ENTITIES[ch])
-        elif ch in _MD_PUNCT:
+        elif ch in _MD_PUNCT or (ch == "." and shown[max(0, i - 3) : i].lower() == "www"):
             out.append("\\" + ch)
         else:
             out.append(ch)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html as htmllib
 import io
 import unicodedata
 
@@ -118,6 +119,9 @@ def test_md_cell_renders_as_plain_text(value: str) -> None:
     assert "<code" not in html and "<em" not in html and "<strong" not in html
     # One cell: no `|` in the value split the row.
     assert html.count("<td") == 1
+    # And the reader sees the value itself, as text.
+    cell_html = html.split("<td>", 1)[1].split("</td>", 1)[0]
+    assert htmllib.unescape(cell_html).strip() == show(value).strip()
 
 
 @settings(max_examples=300)
@@ -132,6 +136,8 @@ def test_md_code_is_one_code_span(value: str) -> None:
 
 def test_md_examples() -> None:
     assert md("<script>") == "&lt;script&gt;"
-    assert md("[x](javascript:y)") == "\\[x\\]\\(javascript\\:y\\)"
+    assert md("[x](javascript:y)") == "\\[x\\](javascript\\:y)"
+    assert md("must fail (run)") == "must fail (run)"
+    assert md("www.x.example") == "www\\.x.example"
     assert md("a|b") == "a\\|b"
     assert md_code("a`b") == "`` a`b ``"
