@@ -99,7 +99,9 @@ def register(app: typer.Typer) -> None:
                     return
                 time.sleep(0.25)
         except JournalError as exc:
-            typer.echo(f"corral log: {exc}", err=True)
+            from corral.display import show
+
+            typer.echo(f"corral log: {show(exc, 2000)}", err=True)
             raise typer.Exit(1) from exc
         except KeyboardInterrupt:
             return
