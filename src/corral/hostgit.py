@@ -35,7 +35,7 @@ from pathlib import Path
 
 from corral.errors import CorralError
 
-__all__ = ["GitError", "TrustedRepo", "c_quote", "hardened_env", "safe_git"]
+__all__ = ["GitError", "TrustedRepo", "hardened_env", "safe_git"]
 
 _FORCED_CONFIG: tuple[tuple[str, str], ...] = (
     ("core.hooksPath", "/dev/null"),
@@ -103,7 +103,7 @@ def _config_args() -> list[str]:
     return out
 
 
-def c_quote(path: bytes) -> bytes:
+def _c_quote(path: bytes) -> bytes:
     """`path` as a git C-quoted string (`"..."`), every byte outside plain ASCII as octal."""
     out = bytearray(b'"')
     for b in path:
@@ -216,7 +216,7 @@ class TrustedRepo:
                 "-w",
                 "--no-filters",
                 "--stdin-paths",
-                input_bytes=b"".join(c_quote(p) + b"\n" for _, p in regular),
+                input_bytes=b"".join(_c_quote(p) + b"\n" for _, p in regular),
             ).split()
             entries += [(m, s, p) for (m, p), s in zip(regular, shas, strict=True)]
         with tempfile.TemporaryDirectory(prefix="corral-index-") as tmp:
