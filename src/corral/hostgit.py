@@ -103,6 +103,18 @@ def _config_args() -> list[str]:
     return out
 
 
+def _c_quote(path: bytes) -> bytes:
+    """`path` as a git C-quoted string (`"..."`), every byte outside plain ASCII as octal."""
+    out = bytearray(b'"')
+    for b in path:
+        if 0x20 <= b < 0x7F and b not in b'"\\':
+            out.append(b)
+        else:
+            out += b"\\%03o" % b
+    out += b'"'
+    return bytes(out)
+
+
 def safe_git(
     git_dir: str | Path,
     work_tree: str | Path,
@@ -172,60 +184,44 @@ class TrustedRepo:
         Built with plumbing from corral's own walk of the tree rather than
         `git add`: git never scans the work tree (no fsmonitor, attributes or
         filters), files inside nested repositories are recorded as files,
-        and `.git` directories at any depth are left out.
+        and `.git` directories at any depth are left out. Names are bytes
+        throughout: a workspace may hold names that are not UTF-8.
         """
-        entries: list[tuple[str, str, str]] = []  # (mode, sha, path)
-        regular: list[tuple[str, str]] = []  # (mode, path)
-        root = str(self.work_tree)
+        entries: list[tuple[bytes, bytes, bytes]] = []  # (mode, sha, path)
+        regular: list[tuple[bytes, bytes]] = []  # (mode, path)
+        root = os.fsencode(self.work_tree)
         for dirpath, dirnames, filenames in os.walk(root):
             # os.walk lists symlinks to directories among dirnames; they are
             # recorded as links, never followed.
             links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
-            dirnames[:] = sorted(d for d in dirnames if d != ".git" and d not in links)
-            for name in sorted(filenames + [d for d in links if d != ".git"]):
+            dirnames[:] = sorted(d for d in dirnames if d != b".git" and d not in links)
+            for name in sorted(filenames + [d for d in links if d != b".git"]):
                 full = os.path.join(dirpath, name)
                 rel = os.path.relpath(full, root)
                 st = os.lstat(full)
                 if stat.S_ISLNK(st.st_mode):
-                    sha = (
-                        self.git(
-                            "hash-object",
-                            "-w",
-                            "--stdin",
-                            input_bytes=os.fsencode(os.readlink(full)),
-                        )
-                        .decode()
-                        .strip()
-                    )
-                    entries.append(("120000", sha, rel))
+                    sha = self.git(
+                        "hash-object", "-w", "--stdin", input_bytes=os.readlink(full)
+                    ).strip()
+                    entries.append((b"120000", sha, rel))
                 elif stat.S_ISREG(st.st_mode):
-                    regular.append(("100755" if st.st_mode & 0o111 else "100644", rel))
-        plain = [(m, p) for m, p in regular if "\n" not in p]
-        if plain:
-            shas = (
-                self.git(
-                    "hash-object",
-                    "-w",
-                    "--no-filters",
-                    "--stdin-paths",
-                    input_bytes="".join(p + "\n" for _, p in plain).encode(),
-                )
-                .decode()
-                .split()
-            )
-            entries += [(m, s, p) for (m, p), s in zip(plain, shas, strict=True)]
-        for mode, rel in regular:
-            if "\n" in rel:
-                data = Path(root, rel).read_bytes()
-                sha = (
-                    self.git("hash-object", "-w", "--no-filters", "--stdin", input_bytes=data)
-                    .decode()
-                    .strip()
-                )
-                entries.append((mode, sha, rel))
+                    regular.append((b"100755" if st.st_mode & 0o111 else b"100644", rel))
+        if regular:
+            # Every path goes C-quoted: --stdin-paths unquotes a line that
+            # starts with '"' (octal escapes included), so a file *named*
+            # `"..\057..\057etc\057shadow"` would otherwise be read from the host;
+            # quoting also carries newlines, CR and bytes that are not UTF-8.
+            shas = self.git(
+                "hash-object",
+                "-w",
+                "--no-filters",
+                "--stdin-paths",
+                input_bytes=b"".join(_c_quote(p) + b"\n" for _, p in regular),
+            ).split()
+            entries += [(m, s, p) for (m, p), s in zip(regular, shas, strict=True)]
         with tempfile.TemporaryDirectory(prefix="corral-index-") as tmp:
             index = os.path.join(tmp, "index")
-            info = b"".join(f"{m} {s}\t{p}".encode() + b"\0" for m, s, p in entries)
+            info = b"".join(m + b" " + s + b"\t" + p + b"\0" for m, s, p in entries)
             safe_git(
                 self.git_dir,
                 self.work_tree,
@@ -239,8 +235,11 @@ class TrustedRepo:
                 .strip()
             )
         parent = self._head_or_none()
-        args = ["commit-tree", tree, "-m", message] + (["-p", parent] if parent else [])
-        commit = self.git(*args).decode().strip()
+        args = ["commit-tree", tree, "-F", "-"] + (["-p", parent] if parent else [])
+        # The message may quote an agent (its error text): on stdin rather than
+        # argv, a NUL or an unpaired surrogate in it cannot fail the commit.
+        body = message.replace("\0", "\\0").encode("utf-8", "backslashreplace")
+        commit = self.git(*args, input_bytes=body).decode().strip()
         self.git("update-ref", "HEAD", commit)
         return commit
 
@@ -254,10 +253,12 @@ class TrustedRepo:
         return self.git("rev-parse", "--verify", "--quiet", "HEAD").decode().strip()
 
     def diff_stat(self, base: str, head: str = "HEAD") -> str:
-        return self.git("diff", "--no-ext-diff", "--no-textconv", "--stat", base, head).decode()
+        return self.git("diff", "--no-ext-diff", "--no-textconv", "--stat", base, head).decode(
+            errors="replace"
+        )
 
     def log(self, max_count: int = 20) -> list[str]:
-        out = self.git("log", f"--max-count={max_count}", "--format=%H %s").decode()
+        out = self.git("log", f"--max-count={max_count}", "--format=%H %s").decode(errors="replace")
         return [line for line in out.splitlines() if line]
 
     def snapshot(self, commit: str, dest: Path) -> list[str]:

@@ -126,10 +126,13 @@ def register(app: typer.Typer) -> None:
                 f"{r.usage.total} tokens, {len(r.tool_calls)} tool call(s)"
             )
             print(line)
+            from corral.display import show
+
+            # The agent wrote these: escaped and bounded before they reach a terminal.
             if r.text:
-                print(f"  final message: {r.text[:300]}")
+                print(f"  final message: {show(r.text, 300)}")
             if r.error:
-                print(f"  error: {r.error}")
+                print(f"  error: {show(r.error, 1000)}")
             print(f"  journal: {result.journal}  (session {result.session})")
         raise typer.Exit(EXIT_STATUS[result.result.status])
 

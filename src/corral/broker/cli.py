@@ -30,7 +30,8 @@ def journal_path(target: Path) -> Path:
 def render_table(rows: list[JournalRow]) -> Table:
     """The rich table `corral log` prints (pure)."""
     from rich.table import Table
-    from rich.text import Text
+
+    from corral.display import text
 
     table = Table(show_header=True, header_style="bold", expand=False)
     for column in ("id", "time", "env", "kind", "decision"):
@@ -39,16 +40,18 @@ def render_table(rows: list[JournalRow]) -> Table:
         table.add_column(column, overflow="fold", ratio=1)
     table.add_column("bytes up/down", no_wrap=True)
     for r in rows:
+        # Every cell is a Text: a journal row carries what the sandbox asked
+        # for, and a str cell would be parsed as rich markup.
         table.add_row(
-            str(r.id),
-            r.time[11:19],
-            r.env,
-            r.kind,
-            Text(r.decision, style=_COLOURS.get(r.decision, "")),
-            r.target,
-            r.rule or "",
-            r.reason,
-            f"{r.bytes_up}/{r.bytes_down}",
+            text(r.id),
+            text(r.time[11:19]),
+            text(r.env),
+            text(r.kind),
+            text(r.decision, style=_COLOURS.get(r.decision, "")),
+            text(r.target),
+            text(r.rule or ""),
+            text(r.reason),
+            text(f"{r.bytes_up}/{r.bytes_down}"),
         )
     return table
 
@@ -86,7 +89,9 @@ def register(app: typer.Typer) -> None:
                     last = rows[-1].id
                 if as_json:
                     for row in rows:
-                        sys.stdout.write(json.dumps(row.to_json_dict(), ensure_ascii=False) + "\n")
+                        # ASCII-only JSON: a C1 control, a bidi override or a lone
+                        # surrogate in a value reaches the terminal as a \u escape.
+                        sys.stdout.write(json.dumps(row.to_json_dict()) + "\n")
                     sys.stdout.flush()
                 elif rows or not follow:
                     console.print(render_table(rows))
@@ -94,7 +99,9 @@ def register(app: typer.Typer) -> None:
                     return
                 time.sleep(0.25)
         except JournalError as exc:
-            typer.echo(f"corral log: {exc}", err=True)
+            from corral.display import show
+
+            typer.echo(f"corral log: {show(exc, 2000)}", err=True)
             raise typer.Exit(1) from exc
         except KeyboardInterrupt:
             return

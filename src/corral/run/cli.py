@@ -21,7 +21,10 @@ _RUNS_DIR = typer.Option("--runs-dir", help="where runs live")
 
 
 def _fail(cmd: str, message: str, code: int) -> typer.Exit:
-    typer.echo(f"corral {cmd}: {message}", err=True)
+    from corral.display import show
+
+    # Messages can quote the workspace (a git error naming a file).
+    typer.echo(f"corral {cmd}: {show(message, 2000)}", err=True)
     return typer.Exit(code)
 
 
@@ -128,6 +131,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
+        from corral.display import text
         from corral.errors import UsageError
         from corral.run.control import find_run, list_runs, run_status
 
@@ -147,15 +151,19 @@ def register(app: typer.Typer) -> None:
         table.add_column("run", no_wrap=True)
         for col in ("state", "session", "checks", "allowed", "denied", "memory peak/cap"):
             table.add_column(col)
+        table.add_column("ended because", overflow="fold")
         for st in statuses:
             d = st.to_json_dict()
+            # Text cells: a str cell is rich markup, and run state is read back
+            # from files a crashed or hostile run may have left behind.
             table.add_row(
-                d["id"],
-                d["state"],
-                f"{d['session']}/{d['max_sessions']}",
-                f"{d['checks_passed']}/{d['checks_total']}",
-                str(st.allowed),
-                str(st.denied),
-                f"{st.run.peak_memory >> 20}/{st.run.memory_cap >> 20} MiB",
+                text(d["id"]),
+                text(d["state"]),
+                text(f"{d['session']}/{d['max_sessions']}"),
+                text(f"{d['checks_passed']}/{d['checks_total']}"),
+                text(st.allowed),
+                text(st.denied),
+                text(f"{st.run.peak_memory >> 20}/{st.run.memory_cap >> 20} MiB"),
+                text(st.run.end_reason or "", limit=120),
             )
         Console().print(table)

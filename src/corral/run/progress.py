@@ -1,7 +1,9 @@
 """Progress of a run: a live rich panel on a terminal, plain lines otherwise.
 
 The coordinator calls `update(**fields)` (any subset of `FIELDS`) and `line(text)`
-for lasting messages. `render_status(state)` is pure (unit-tested).
+for lasting messages. `render_status(state)` is pure (unit-tested). Fields and
+lines may quote the agent (an end reason holds its error text): both displays
+show them through `corral.display`, escaped and bounded, never as rich markup.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import sys
 import threading
 import time
 from typing import IO, Any, Protocol
+
+from corral import display
 
 __all__ = [
     "FIELDS",
@@ -43,6 +47,10 @@ class Progress(Protocol):
     def line(self, text: str) -> None: ...
 
     def close(self) -> None: ...
+
+
+#: Characters of one progress line (it may quote an agent's error text).
+_LINE_LIMIT = 500
 
 
 def _mib(n: object) -> str:
@@ -99,7 +107,7 @@ class PlainProgress:
         self._emit(text)
 
     def _emit(self, text: str) -> None:
-        self._stream.write(f"corral: {text}\n")
+        self._stream.write(f"corral: {display.show(text, _LINE_LIMIT)}\n")
         self._stream.flush()
 
     def close(self) -> None:
@@ -124,6 +132,7 @@ class LiveProgress:
 
     def _render(self) -> Any:
         from rich.table import Table
+        from rich.text import Text
 
         with self._lock:
             st = dict(self._state)
@@ -131,22 +140,30 @@ class LiveProgress:
         table = Table.grid(padding=(0, 2))
         table.add_column(style="bold")
         table.add_column()
-        table.add_row("run", str(st.get("run", "?")))
-        table.add_row("session", f"{st.get('session', 0)}/{st.get('max_sessions', '?')}")
+        table.add_row("run", display.text(st.get("run", "?")))
+        table.add_row(
+            "session", display.text(f"{st.get('session', 0)}/{st.get('max_sessions', '?')}")
+        )
         table.add_row("elapsed", f"{int(elapsed // 60)}:{int(elapsed % 60):02d}")
-        table.add_row("activity", f"{st.get('phase', '-')}: {st.get('activity', '')}")
+        table.add_row("activity", display.text(f"{st.get('phase', '-')}: {st.get('activity', '')}"))
         table.add_row(
             "observations",
-            f"[green]{st.get('allowed', 0)} allowed[/] / [red]{st.get('denied', 0)} denied[/]",
+            Text.assemble(
+                display.text(f"{st.get('allowed', 0)} allowed", style="green"),
+                " / ",
+                display.text(f"{st.get('denied', 0)} denied", style="red"),
+            ),
         )
         if st.get("checks_total"):
-            table.add_row("checks", f"{st.get('checks_passed', 0)}/{st['checks_total']} passing")
+            table.add_row(
+                "checks", display.text(f"{st.get('checks_passed', 0)}/{st['checks_total']} passing")
+            )
         if st.get("run_peak") is not None:
             table.add_row(
                 "memory", f"peak {_mib(st.get('run_peak'))} of {_mib(st.get('memory_cap'))}"
             )
         if st.get("state"):
-            table.add_row("state", str(st["state"]))
+            table.add_row("state", display.text(st["state"]))
         return table
 
     def update(self, **fields: Any) -> None:
@@ -154,7 +171,7 @@ class LiveProgress:
             self._state.update(fields)
 
     def line(self, text: str) -> None:
-        self._live.console.print(text)
+        self._live.console.print(display.text(text, limit=_LINE_LIMIT))
 
     def close(self) -> None:
         self._live.stop()

@@ -1,9 +1,16 @@
-"""`report.md`: what a run did, rendered from its state (pure)."""
+"""`report.md`: what a run did, rendered from its state (pure).
+
+Text fields may come from the sandbox (an end reason quotes the agent's
+error, a run's failure quotes git about workspace names): each goes through
+`corral.display.md`/`md_code`, so the file holds no HTML, link, image or
+table break the agent wrote, only its text, escaped and bounded.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from corral.display import md, md_code
 from corral.run.mission import Mission
 from corral.run.store import CheckResult, RunRecord, SessionRecord
 
@@ -15,7 +22,7 @@ def _mib(n: int) -> str:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")[:200]
+    return md(text, 200)
 
 
 def render_report(
@@ -34,17 +41,17 @@ def render_report(
     last = checks.get(done[-1].n, []) if done else []
     passing = sum(1 for c in last if c.passed)
     lines = [
-        f"# corral run {run.id}",
+        f"# corral run {md(run.id)}",
         "",
-        f"- mission: {mission.name} (`{mission.path}`)",
-        f"- agent: {run.agent}; provider: {run.provider}",
-        f"- state: **{run.state}** - {run.end_reason or ''}",
+        f"- mission: {md(mission.name)} ({md_code(mission.path)})",
+        f"- agent: {md(run.agent)}; provider: {md(run.provider)}",
+        f"- state: **{md(run.state)}** - {md(run.end_reason or '', 500)}",
         f"- sessions: {len(sessions)} ({len(done)} completed) of at most {run.max_sessions}",
         f"- checks passing after the last session: {passing}/{len(last)}",
-        f"- observations: {allowed} allowed, {denied} denied (`corral log {log_dir}`)",
+        f"- observations: {allowed} allowed, {denied} denied ({md_code(f'corral log {log_dir}')})",
         f"- run memory: kernel peak {_mib(run.peak_memory)} of the {_mib(run.memory_cap)} cap",
         f"- tokens: {sum(s.tokens for s in sessions)}",
-        f"- last commit: `{run.last_commit or '-'}`",
+        f"- last commit: {md_code(run.last_commit or '-')}",
         "",
         "## Sessions",
         "",
@@ -55,10 +62,10 @@ def render_report(
     for s in sessions:
         ready = "-" if s.product_ready is None else ("yes" if s.product_ready else "no")
         lines.append(
-            f"| {s.n} | {s.state} | {_cell(s.end_reason or '')} | "
+            f"| {s.n} | {_cell(s.state)} | {_cell(s.end_reason or '')} | "
             f"{'-' if s.agent_exit is None else s.agent_exit} | {s.tokens} | {s.wall_s:.1f} | "
             f"{s.processes_killed} | {ready} | {s.checks_passed}/{s.checks_total} | "
-            f"{_mib(s.run_peak_memory)} | `{(s.commit_sha or '-')[:12]}` |"
+            f"{_mib(s.run_peak_memory)} | {md_code((s.commit_sha or '-')[:12])} |"
         )
     for s in sessions:
         results = checks.get(s.n, [])

@@ -190,7 +190,10 @@ def execute(
             allowed, denied = decision_counts(journal_path, run)
             observations = {"allowed": allowed, "denied": denied}
     if result.message and result.reason == "refused":
-        sys.stderr.write(f"corral exec: {result.message}\n")
+        from corral.display import show
+
+        # The message comes from the sandbox's init over the status pipe.
+        sys.stderr.write(f"corral exec: {show(result.message, 1000)}\n")
     if result.reason == "timeout":
         sys.stderr.write(
             f"corral exec: timed out after {spec.limits.timeout_s:g}s; sandbox killed\n"

@@ -104,7 +104,9 @@ def _plain_progress(item: object, done: int, total: int) -> None:
         text = f"{item.probe.id}: {item.status} ({item.reason[:80]})"
     else:
         return
-    sys.stderr.write(f"[{done}/{total}] {text}\n")
+    from corral.display import show
+
+    sys.stderr.write(f"[{done}/{total}] {show(text, 500)}\n")
     sys.stderr.flush()
 
 

@@ -18,6 +18,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from corral.display import md
 from corral.verify.model import MissionSpec
 
 __all__ = [
@@ -127,5 +128,5 @@ _ROW = re.compile(r"^\|\s*(?P<name>.*?)\s*\|\s*(?P<result>pass|FAIL)\s*\|", re.M
 
 def report_results(report: str, check: str) -> list[str]:
     """The result cells (`pass`/`FAIL`) report.md shows for check `check`, in order."""
-    want = check.replace("|", "\\|")
+    want = md(check, 200)  # as corral.run.report writes a check's name
     return [m.group("result") for m in _ROW.finditer(report) if m.group("name") == want]

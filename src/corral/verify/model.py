@@ -282,6 +282,9 @@ class MissionSpec:
     `proof` (never given to the program, the agent or the prompt). With
     `max_sessions` > 1 and `next_files`, session 2's agent writes those files
     (the checks must fail after session 1 for session 2 to run at all).
+    With `host_views`, the runner also runs corral's host commands on the
+    finished run and reads session 1's commit by bytes
+    (`corral.verify.host_views.collect`).
     """
 
     front: str
@@ -290,6 +293,7 @@ class MissionSpec:
     say: str = "done"
     max_sessions: int = 1
     next_files: tuple[tuple[str, str], ...] = ()
+    host_views: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from corral.display import md, text
 from corral.verify.model import MANDATORY, REQUIREMENTS, ProbeResult, ReqStatus, Skipped
 
 __all__ = [
@@ -209,8 +210,9 @@ def to_json(report: Report) -> dict[str, Any]:
     }
 
 
-def _md(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+def _md(text: str, limit: int = 2000) -> str:
+    # Evidence is what a probe's sandbox printed: inert Markdown, bounded.
+    return md(text, limit)
 
 
 def to_markdown(report: Report) -> str:
@@ -238,7 +240,7 @@ def to_markdown(report: Report) -> str:
     lines += [
         f"| {r.probe.id} | {r.probe.category} | {r.probe.requirement} | {r.probe.expected} "
         f"| {r.observed} | "
-        f"{r.verdict} | {_md(r.evidence[:300])} |"
+        f"{r.verdict} | {_md(r.evidence, 300)} |"
         for r in report.results
     ]
     if report.skipped:
@@ -271,12 +273,12 @@ def render(report: Report, console: Console) -> None:
     for r in report.results:
         style = _VERDICT_STYLE[r.verdict]
         table.add_row(
-            r.probe.id,
-            r.probe.category,
-            r.probe.requirement,
-            r.probe.expected,
-            r.observed,
-            Text(r.verdict, style=style),
+            text(r.probe.id),
+            text(r.probe.category),
+            text(r.probe.requirement),
+            text(r.probe.expected),
+            text(r.observed),
+            text(r.verdict, style=style),
         )
     console.print(table)
     console.print(summary_line(report) + f" in {report.wall_s:.1f} s")
@@ -285,12 +287,12 @@ def render(report: Report, console: Console) -> None:
         console.print("\n[bold]Not as expected[/]")
         for r in problems:
             console.print(
-                f"  {r.probe.id} ({r.probe.requirement}, {r.verdict}): {r.evidence[:300]}",
-                markup=False,
+                Text(f"  {r.probe.id} ({r.probe.requirement}, {r.verdict}): ")
+                + text(r.evidence, limit=300),
                 highlight=False,
             )
     console.print("\n[bold]Requirements[/]")
     for v in report.requirements:
-        console.print(Text(_req_line(v), style=_STATUS_STYLE[v.status]))
+        console.print(text(_req_line(v), style=_STATUS_STYLE[v.status], limit=2000))
     for n in report.notes:
-        console.print(Text(n, style="dim"))
+        console.print(text(n, style="dim", limit=2000))

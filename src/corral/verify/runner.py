@@ -1072,6 +1072,10 @@ class _Suite:
         _sweep_run(marker)
         kill_marker(marker)
         facts = _run_facts(run_dir, proc.returncode)
+        if m.host_views:
+            from corral.verify.host_views import collect
+
+            facts.update(collect(run_dir))
         if "hits" in ctx:
             facts["host_markers"] = markers = _host_markers(str(ctx["hits"]), marker)
             for name in markers or ():

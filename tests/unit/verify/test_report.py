@@ -133,7 +133,7 @@ def test_json_shape_follows_design_section_6() -> None:
 def test_markdown_has_tables_and_escapes_pipes() -> None:
     md = to_markdown(make_report([result("a", "denied", "ok")]))
     assert "| probe | category | req | expected | observed | verdict | evidence |" in md
-    assert "evidence of a \\| [::1]" in md
+    assert "evidence of a \\| \\[\\:\\:1\\]" in md  # inert Markdown (corral.display.md)
     assert "| M5 | processes | met |" in md
 
 

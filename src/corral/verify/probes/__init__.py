@@ -8,6 +8,7 @@ from corral.verify.probes import (
     files,
     host_integrity,
     network,
+    presentation,
     privilege,
     processes,
     resources,
@@ -31,6 +32,7 @@ def all_probes() -> list[Probe]:
         *privilege.PROBES,
         *audit.PROBES,
         *usability.PROBES,
+        *presentation.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:
