@@ -40,6 +40,7 @@ from corral.sandbox import bwrap as bw
 from corral.sandbox import mounts
 from corral.sandbox.cgroup import Cgroup, CgroupLayout, CgroupUsage, detect_layout, sweep_stale
 from corral.sandbox.spec import SandboxSpec
+from corral.sandbox.terminal import stdio_without_tty
 
 # Not `typing.TYPE_CHECKING`: importing typing costs ~5 ms on every `corral exec`.
 TYPE_CHECKING = False
@@ -209,8 +210,11 @@ class NamespaceSandbox:
         cgroup_layout: CgroupLayout | None = None,
         network_hook: Callable[[int], None] | None = None,
         init_kind: Literal["auto", "c", "python"] = "auto",
+        stdio: tuple[int | None, int | None, int | None] | None = None,
     ) -> None:
         self.spec = spec
+        # None: inherit corral's stdio, with /dev/null for any terminal.
+        self._stdio = stdio
         self.init_kind = init_kind
         self._abi = 0
         self.cgroup_parent = cgroup_parent
@@ -413,6 +417,11 @@ class NamespaceSandbox:
                         os.write(err_w, str(exc).encode()[:4000])
                     raise
 
+            stdio = self._stdio
+            if stdio is None:
+                stdio, null_fd = stdio_without_tty()
+                if null_fd is not None:
+                    fds_to_close.append(null_fd)
             env = dict(spec.env)
             # Orphans of the launcher's children come back to corral, not host init.
             _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -425,6 +434,9 @@ class NamespaceSandbox:
                 # raw syscalls through os and ctypes.
                 proc = subprocess.Popen(
                     argv,
+                    stdin=stdio[0],
+                    stdout=stdio[1],
+                    stderr=stdio[2],
                     env=env,
                     pass_fds=pass_fds,
                     preexec_fn=child_setup,  # noqa: PLW1509
