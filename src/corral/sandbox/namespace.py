@@ -47,6 +47,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Literal
 
+    from corral.sandbox.uids import UidLease
+
 __all__ = [
     "INSIDE_UID",
     "SANDBOX_HOST_GID",
@@ -57,7 +59,8 @@ __all__ = [
     "landlock_rules_for",
 ]
 
-#: Host uid/gid every sandboxed process runs as when corral runs as root.
+#: The first host uid/gid of the default range (`uids.DEFAULT_RANGE`); when
+#: corral runs as root each live sandbox gets its own id from the range.
 SANDBOX_HOST_UID = 64000
 SANDBOX_HOST_GID = 64000
 #: The uid/gid the command sees inside its user namespace.
@@ -320,6 +323,7 @@ class NamespaceSandbox:
         layers.active["init"] = "c" if binary else "python"
         started = time.monotonic()
         cgroup: Cgroup | None = None
+        lease: UidLease | None = None
         fds_to_close: list[int] = []
         try:
             if layout is not None:
@@ -368,10 +372,13 @@ class NamespaceSandbox:
             staged: list[bw.StagedBind] = []
             binds = [(spec.workspace, True), *((b.path, b.writable) for b in spec.binds)]
             userns_fd = -1
+            host_uid, host_gid = SANDBOX_HOST_UID, SANDBOX_HOST_GID
             if self.is_root:
-                userns_fd = mounts.make_userns_fd(
-                    os.getuid(), os.getgid(), SANDBOX_HOST_UID, SANDBOX_HOST_GID
-                )
+                from corral.sandbox import uids
+
+                lease = uids.allocate(uids.configured_range())
+                host_uid, host_gid = lease.uid, lease.gid
+                userns_fd = mounts.make_userns_fd(os.getuid(), os.getgid(), host_uid, host_gid)
                 fds_to_close.append(userns_fd)
                 for i, (path, writable) in enumerate(binds):
                     staged.append(bw.StagedBind(mounts.staged_path(i), path, writable))
@@ -406,8 +413,8 @@ class NamespaceSandbox:
                         for i, (path, writable) in enumerate(binds):
                             mounts.stage_bind(i, path, writable, userns_fd)
                         os.setgroups([])
-                        os.setresgid(SANDBOX_HOST_GID, SANDBOX_HOST_GID, SANDBOX_HOST_GID)
-                        os.setresuid(SANDBOX_HOST_UID, SANDBOX_HOST_UID, SANDBOX_HOST_UID)
+                        os.setresgid(host_gid, host_gid, host_gid)
+                        os.setresuid(host_uid, host_uid, host_uid)
                     # Set after the uid change, which clears it.
                     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
                     if os.getppid() != parent:
@@ -461,7 +468,9 @@ class NamespaceSandbox:
                 layers=layers.active,
                 started=started,
                 spec=spec,
+                uid_lease=lease,
             )
+            lease = None
             if self._network_hook is not None:
                 assert info_r is not None and block_w is not None
                 try:
@@ -483,6 +492,8 @@ class NamespaceSandbox:
             if cgroup is not None:
                 with contextlib.suppress(CgroupError):
                     cgroup.remove()
+            if lease is not None:
+                lease.close()
             raise
 
 
@@ -532,8 +543,11 @@ class RunningSandbox:
         layers: dict[str, object],
         started: float,
         spec: SandboxSpec,
+        uid_lease: UidLease | None = None,
     ) -> None:
         self.proc = proc
+        #: The host uid/gid this sandbox holds (None when corral is not root).
+        self.uid_lease = uid_lease
         self.cgroup = cgroup
         self._status_fd = status_fd
         self.layers = layers
@@ -682,6 +696,10 @@ class RunningSandbox:
         finally:
             with contextlib.suppress(OSError):
                 os.close(self._status_fd)
+            if self.uid_lease is not None:
+                # A process the teardown missed keeps the uid out of reuse:
+                # the next allocation scans /proc after taking the lock.
+                self.uid_lease.close()
 
 
 def init_command(
