@@ -269,7 +269,9 @@ class PtyRelay:
                 # should a process outside the cgroup still hold the slave.
                 self._thread.join(_STOP_JOIN_S)
                 os.write(self._stop_w, b"x")
-                self._thread.join()
+                # A thread blocked writing to a terminal nobody reads is
+                # left behind (a daemon thread): corral's exit must not wait.
+                self._thread.join(_STOP_JOIN_S)
         finally:
             if self._saved is not None and self.plan.host_in is not None:
                 with contextlib.suppress(termios.error):
