@@ -14,6 +14,7 @@ import json
 import os
 import select
 import shlex
+import signal
 import struct
 import subprocess
 import sys
@@ -100,6 +101,7 @@ class HostPty:
             argv, pass_fds=(self.slave, report_w), close_fds=True, stdin=subprocess.DEVNULL
         )
         os.close(report_w)
+        self.shell_pid = proc.pid
         out = b""
         todo = list(typed)
         report = b""
@@ -296,4 +298,40 @@ def test_in_process_sandboxes_get_no_terminal(host_pty: HostPty, workspace: Path
     assert (workspace / "ttys").read_text() == "[]"
     assert s.winch == 0
     assert termios.tcgetwinsize(host_pty.master) == (24, 80)
+    assert termios.tcgetattr(host_pty.slave) == before
+
+
+def _corral_pid(pty: HostPty) -> int:
+    """The corral process: the host shell's only child."""
+    children = Path(f"/proc/{pty.shell_pid}/task/{pty.shell_pid}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
+
+
+def test_terminal_is_restored_when_corral_is_terminated(host_pty: HostPty, workspace: Path) -> None:
+    before = termios.tcgetattr(host_pty.slave)
+    s = host_pty.run(
+        workspace,
+        "echo @ask@; exec sleep 100",
+        on_ready=(b"@ask@", lambda: os.kill(_corral_pid(host_pty), signal.SIGTERM)),
+    )
+    assert s.exit == 128 + signal.SIGTERM, s.output
+    assert termios.tcgetattr(host_pty.slave) == before
+
+
+def test_terminal_is_restored_when_the_sandbox_is_refused(
+    host_pty: HostPty, workspace: Path
+) -> None:
+    before = termios.tcgetattr(host_pty.slave)
+    s = host_pty.run(
+        workspace,
+        "true",
+        launcher=[
+            "/usr/bin/env",
+            "CORRAL_UID_RANGE=bogus",
+            *corral_argv("--workspace", str(workspace), "--"),
+        ],
+    )
+    assert s.exit == 125, s.output
+    assert b"CORRAL_UID_RANGE" in s.output
     assert termios.tcgetattr(host_pty.slave) == before
