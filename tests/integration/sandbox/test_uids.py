@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -151,3 +152,48 @@ def test_uid_is_reclaimed_after_corral_is_sigkilled(workspace: Path) -> None:
     assert wait_for(lambda: processes_with(marker) == [], timeout=30)
     after = _run_one(workspace, "64812-64812")
     assert after.returncode == 0, after.stderr
+
+
+def _sandbox_pids(marker: str) -> list[int]:
+    return [p for p in processes_with(marker) if _host_uids_of(p) - {0}]
+
+
+def _host_uids_of(pid: int) -> set[int]:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return set()
+    line = next(ln for ln in status.splitlines() if ln.startswith("Uid:"))
+    return {int(v) for v in line.split()[1:]}
+
+
+def test_a_sandbox_cannot_signal_another(workspace: Path, tmp_path: Path) -> None:
+    attack = (
+        "import os, signal, sys\n"
+        "for pid in map(int, sys.argv[1:]):\n"
+        "    try:\n"
+        "        os.kill(pid, signal.SIGKILL)\n"
+        "        print(pid, 'killed')\n"
+        "    except OSError as e:\n"
+        "        print(pid, e.errno)\n"
+    )
+    with _holder(workspace, "corral-sig-victim", "64820-64829", 1):
+        victims = _sandbox_pids("corral-sig-victim")
+        assert victims
+        proc = subprocess.run(
+            corral_argv("--workspace", str(tmp_path), "--", "python3", "-I", "-S", "-c", attack)
+            + [str(p) for p in victims],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=_env("64820-64829"),
+            check=False,
+        )
+        alive = _sandbox_pids("corral-sig-victim")
+        # Control: the same program outside any sandbox does kill them.
+        subprocess.run(
+            [sys.executable, "-I", "-S", "-c", attack, *map(str, victims)], check=True, timeout=60
+        )
+        assert wait_for(lambda: not set(victims) & set(_sandbox_pids("corral-sig-victim")))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(alive) == sorted(victims), proc.stdout
