@@ -687,19 +687,21 @@ class RunningSandbox:
         if self._closed:
             return
         self._closed = True
+        emptied = False
         try:
             if self.proc.poll() is None:
                 self.kill_all()
                 self.proc.wait()
             if self.cgroup is not None:
                 self.cgroup.remove()
+                emptied = True
         finally:
             with contextlib.suppress(OSError):
                 os.close(self._status_fd)
             if self.uid_lease is not None:
-                # A process the teardown missed keeps the uid out of reuse:
-                # the next allocation scans /proc after taking the lock.
-                self.uid_lease.close()
+                # Unless the cgroup was removed (so nothing of the sandbox
+                # is left), the next holder scans /proc before reusing it.
+                self.uid_lease.close(clean=emptied)
 
 
 def init_command(

@@ -14,12 +14,15 @@ OOM killer included), so a crashed corral gives its uids back with no
 cleanup step. The descriptor is close-on-exec: the sandbox never holds it.
 
 The lock alone is not enough after a crash: the dead launcher's sandbox
-may still be dying when its lock is already free. So after taking a lock,
-corral scans /proc once (a few ms) and skips the uid if any process still
-runs with it as a real, effective, saved or filesystem uid or gid (an
-unreaped zombie does not count: it runs nothing and holds no file). Ids in
-the range can only be held by a sandbox whose launcher holds the lock, so
-a scan made *after* locking cannot miss a process that appears later.
+may still be dying when its lock is already free. The lock file says
+`in-use` while a sandbox holds the id and `clean` once its teardown proved
+the sandbox empty (its cgroup removed). A new holder that finds anything
+but `clean` (a crashed holder's `in-use`, a fresh file) scans /proc once
+(about 10 ms on a busy host) and skips the uid if any process still runs with it as a real,
+effective, saved or filesystem uid or gid (an unreaped zombie does not
+count: it runs nothing and holds no file). The file is read and the scan
+made *after* locking, and ids in the range are only ever taken by a
+launcher that holds the lock, so no process can appear behind the check.
 
 The range must not contain ids of /etc/passwd, /etc/group, /etc/subuid or
 /etc/subgid (a host account or another user's namespaces would share the
@@ -195,10 +198,24 @@ class UidLease:
         self.gid = uid
         self._fd: int | None = fd
 
-    def close(self) -> None:
+    def close(self, *, clean: bool = False) -> None:
+        """Release the id; `clean` when teardown proved no process of it is left."""
         if self._fd is not None:
             fd, self._fd = self._fd, None
-            os.close(fd)
+            try:
+                if clean:
+                    _set_state(fd, _CLEAN)
+            finally:
+                os.close(fd)
+
+
+_CLEAN = b"clean\n"
+_IN_USE = b"in-use\n"
+
+
+def _set_state(fd: int, state: bytes) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, state, 0)
 
 
 def _try_lock(lock_dir: str, uid: int) -> int | None:
@@ -244,10 +261,19 @@ def allocate(
         if fd is None:
             held += 1
             continue
-        # Scanned after locking: see the module docstring.
-        in_use |= busy(r)
-        if uid not in in_use:
-            return UidLease(uid, fd)
+        try:
+            # Read and scanned after locking: see the module docstring.
+            if os.pread(fd, 64, 0) != _CLEAN:
+                in_use |= busy(r)
+            if uid not in in_use:
+                _set_state(fd, _IN_USE)
+                return UidLease(uid, fd)
+        except OSError as exc:
+            os.close(fd)
+            raise SandboxStartError(exc.errno, f"cannot lock sandbox uid {uid}: {exc}") from exc
+        except BaseException:
+            os.close(fd)
+            raise
         os.close(fd)
     raise SandboxStartError(
         0,

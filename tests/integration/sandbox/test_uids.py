@@ -197,3 +197,26 @@ def test_a_sandbox_cannot_signal_another(workspace: Path, tmp_path: Path) -> Non
         assert wait_for(lambda: not set(victims) & set(_sandbox_pids("corral-sig-victim")))
     assert proc.returncode == 0, proc.stderr
     assert sorted(alive) == sorted(victims), proc.stdout
+
+
+def test_a_uid_with_a_lingering_process_is_not_reused(workspace: Path) -> None:
+    # What a crashed launcher leaves: its lock released, its lock file still
+    # "in-use", and a process of its sandbox not dead yet.
+    uid = 64814
+    Path(f"/run/corral/uids/{uid}.lock").parent.mkdir(parents=True, exist_ok=True)
+    Path(f"/run/corral/uids/{uid}.lock").write_bytes(b"in-use\n")
+    lingering = subprocess.Popen(
+        ["/bin/sleep", "120"],
+        user=uid,
+        group=uid,
+        extra_groups=[],
+    )
+    try:
+        refused = _run_one(workspace, f"{uid}-{uid}")
+    finally:
+        lingering.kill()
+        lingering.wait()
+    assert refused.returncode == 125, refused.stdout
+    assert "still have processes (1)" in refused.stderr
+    after = _run_one(workspace, f"{uid}-{uid}")
+    assert after.returncode == 0, after.stderr

@@ -110,3 +110,22 @@ def test_a_killed_holder_gives_its_id_back(tmp_path: Path) -> None:
     lease = uids.allocate(r, str(tmp_path), busy=lambda _: set())
     assert lease.uid == 64000
     lease.close()
+
+
+def test_only_a_clean_release_skips_the_process_scan(tmp_path: Path) -> None:
+    r = UidRange(64000, 64000)
+    scans: list[int] = []
+
+    def busy(_: UidRange) -> set[int]:
+        scans.append(1)
+        return set()
+
+    uids.allocate(r, str(tmp_path), busy=busy).close(clean=True)  # fresh file: scanned
+    assert len(scans) == 1
+    assert (tmp_path / "64000.lock").read_bytes() == b"clean\n"
+    lease = uids.allocate(r, str(tmp_path), busy=busy)  # after a clean release: not scanned
+    assert len(scans) == 1
+    assert (tmp_path / "64000.lock").read_bytes() == b"in-use\n"
+    lease.close()  # teardown did not prove the sandbox empty
+    uids.allocate(r, str(tmp_path), busy=busy).close()
+    assert len(scans) == 2
