@@ -15,9 +15,9 @@ cleanup step. The descriptor is close-on-exec: the sandbox never holds it.
 
 The lock alone is not enough after a crash: the dead launcher's sandbox
 may still be dying when its lock is already free. The lock file says
-`in-use` while a sandbox holds the id and `clean` once its teardown proved
+`in-use` while a sandbox holds the id and `closed` once its teardown proved
 the sandbox empty (its cgroup removed). A new holder that finds anything
-but `clean` (a crashed holder's `in-use`, a fresh file) scans /proc once
+but `closed` (a crashed holder's `in-use`, a fresh file) scans /proc once
 (about 10 ms on a busy host) and skips the uid if any process still runs with it as a real,
 effective, saved or filesystem uid or gid (an unreaped zombie does not
 count: it runs nothing and holds no file). The file is read and the scan
@@ -209,13 +209,15 @@ class UidLease:
                 os.close(fd)
 
 
-_CLEAN = b"clean\n"
+# Same length, so a state is one pwrite over the other (ftruncate costs
+# milliseconds on overlay filesystems).
+_CLEAN = b"closed\n"
 _IN_USE = b"in-use\n"
 
 
 def _set_state(fd: int, state: bytes) -> None:
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, state, 0)
+    if os.pwrite(fd, state, 0) != len(state):
+        raise OSError(0, "short write to the uid lock file")
 
 
 def _try_lock(lock_dir: str, uid: int) -> int | None:

@@ -122,7 +122,7 @@ def test_only_a_clean_release_skips_the_process_scan(tmp_path: Path) -> None:
 
     uids.allocate(r, str(tmp_path), busy=busy).close(clean=True)  # fresh file: scanned
     assert len(scans) == 1
-    assert (tmp_path / "64000.lock").read_bytes() == b"clean\n"
+    assert (tmp_path / "64000.lock").read_bytes() == b"closed\n"
     lease = uids.allocate(r, str(tmp_path), busy=busy)  # after a clean release: not scanned
     assert len(scans) == 1
     assert (tmp_path / "64000.lock").read_bytes() == b"in-use\n"
