@@ -111,9 +111,9 @@ def _terminal_relay(stack: contextlib.ExitStack) -> PtyRelay | None:
     ttys = tuple(os.isatty(fd) for fd in range(3))
     if not any(ttys):
         return None
-    from corral.sandbox.terminal import PtyRelay, plan_stdio
+    from corral.sandbox.terminal import PtyRelay, may_use_terminal, plan_stdio
 
-    plan = plan_stdio((ttys[0], ttys[1], ttys[2]))
+    plan = plan_stdio((ttys[0], ttys[1], ttys[2]), foreground=not ttys[0] or may_use_terminal(0))
     assert plan is not None
     relay = PtyRelay.open(plan)
     stack.callback(relay.close)

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from types import FrameType
     from typing import Any
 
-__all__ = ["PtyRelay", "StdioPlan", "plan_stdio", "stdio_without_tty"]
+__all__ = ["PtyRelay", "StdioPlan", "may_use_terminal", "plan_stdio", "stdio_without_tty"]
 
 _CHUNK = 65536
 _VDISABLE = 0  # Linux's _POSIX_VDISABLE
@@ -48,24 +48,43 @@ class StdioPlan:
     `through_pty[i]` is true when fd i is a terminal and becomes the pty's
     slave; `host_in` is the terminal fd whose input is copied into the pty
     (None when stdin is not a terminal); `host_out` receives the pty's output
-    and is the terminal whose window size the pty follows.
+    and is the terminal whose window size the pty follows. `null_stdin`:
+    stdin is a terminal corral may not read (corral runs in the background
+    of its job-control session), so the sandbox gets /dev/null instead.
     """
 
     through_pty: tuple[bool, bool, bool]
     host_in: int | None
     host_out: int
+    null_stdin: bool = False
 
     @property
     def needed(self) -> bool:
         return any(self.through_pty)
 
 
-def plan_stdio(is_tty: tuple[bool, bool, bool]) -> StdioPlan | None:
-    """The relay for these standard streams, or None when none is a terminal."""
+def plan_stdio(is_tty: tuple[bool, bool, bool], *, foreground: bool = True) -> StdioPlan | None:
+    """The relay for these standard streams, or None when none is a terminal.
+
+    `foreground`: corral may read its terminal stdin and change its modes
+    (it is in the terminal's foreground process group, or the terminal is
+    not its controlling terminal). A background corral doing either would
+    be stopped by SIGTTIN/SIGTTOU.
+    """
     if not any(is_tty):
         return None
     host_out = next(fd for fd in (1, 2, 0) if is_tty[fd])
+    if is_tty[0] and not foreground:
+        return StdioPlan((False, is_tty[1], is_tty[2]), None, host_out, null_stdin=True)
     return StdioPlan(through_pty=is_tty, host_in=0 if is_tty[0] else None, host_out=host_out)
+
+
+def may_use_terminal(fd: int) -> bool:
+    """Whether reading `fd` or changing its modes leaves corral running (see plan_stdio)."""
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:  # ENOTTY: not corral's controlling terminal, no job control applies
+        return True
 
 
 def _isatty(fd: int) -> bool:
@@ -142,6 +161,7 @@ class PtyRelay:
         self._old_winch: object = None
         self._thread: threading.Thread | None = None
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
+        self._null = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC) if plan.null_stdin else None
         self._closed = False
 
     @classmethod
@@ -165,7 +185,7 @@ class PtyRelay:
         """Popen stdin/stdout/stderr: the slave for streams that were terminals."""
         assert self._slave is not None
         s0, s1, s2 = (self._slave if t else None for t in self.plan.through_pty)
-        return s0, s1, s2
+        return (self._null if self._null is not None else s0), s1, s2
 
     def _copy_size(self) -> None:
         with contextlib.suppress(OSError):
@@ -274,10 +294,17 @@ class PtyRelay:
                 self._thread.join(_STOP_JOIN_S)
         finally:
             if self._saved is not None and self.plan.host_in is not None:
-                with contextlib.suppress(termios.error):
-                    termios.tcsetattr(self.plan.host_in, termios.TCSADRAIN, self._saved)
+                # Should corral have been moved to the background meanwhile,
+                # the restore must not stop it (SIGTTOU) in raw mode.
+                old_ttou = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+                try:
+                    with contextlib.suppress(termios.error):
+                        termios.tcsetattr(self.plan.host_in, termios.TCSADRAIN, self._saved)
+                finally:
+                    signal.signal(signal.SIGTTOU, old_ttou)
             if self._thread is not None:
                 signal.signal(signal.SIGWINCH, self._old_winch)  # type: ignore[arg-type]
-            for fd in (self._master, self._stop_r, self._stop_w):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            for fd in (self._master, self._stop_r, self._stop_w, self._null):
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)

@@ -35,7 +35,7 @@ _TIOCGEXCL = 0x80045440
 #: The host shell: session leader of the pty, SIGWINCH counter, reports on argv[2].
 _SHELL = r"""
 import fcntl, json, os, signal, sys, termios
-tty, report = int(sys.argv[1]), int(sys.argv[2])
+tty, report, background = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "bg"
 os.setsid()
 fcntl.ioctl(tty, termios.TIOCSCTTY, 0)
 winch = [0]
@@ -43,10 +43,12 @@ signal.signal(signal.SIGWINCH, lambda *_: winch.__setitem__(0, winch[0] + 1))
 pid = os.fork()
 if pid == 0:
     signal.signal(signal.SIGWINCH, signal.SIG_DFL)
+    if background:
+        os.setpgid(0, 0)
     for fd in range(3):
         os.dup2(tty, fd)
     os.close(report)
-    os.execv(sys.argv[3], sys.argv[3:])
+    os.execv(sys.argv[4], sys.argv[4:])
 _, status = os.waitpid(pid, 0)
 doc = {"winch": winch[0], "exit": os.waitstatus_to_exitcode(status)}
 os.write(report, json.dumps(doc).encode())
@@ -79,6 +81,7 @@ class HostPty:
         launcher: list[str] | None = None,
         typed: tuple[tuple[bytes, bytes], ...] = (),
         on_ready: tuple[bytes, Callable[[], None]] | None = None,
+        background: bool = False,
     ) -> Session:
         """Run `sh -c script` (under `launcher`, default corral exec) on the pty.
 
@@ -92,6 +95,7 @@ class HostPty:
             _SHELL,
             str(self.slave),
             str(report_w),
+            "bg" if background else "fg",
             *(launcher or corral_argv("--workspace", str(workspace), "--")),
             "/bin/sh",
             "-c",
@@ -334,4 +338,17 @@ def test_terminal_is_restored_when_the_sandbox_is_refused(
     )
     assert s.exit == 125, s.output
     assert b"CORRAL_UID_RANGE" in s.output
+    assert termios.tcgetattr(host_pty.slave) == before
+
+
+def test_a_background_corral_is_not_stopped_and_gives_eof(
+    host_pty: HostPty, workspace: Path
+) -> None:
+    # `corral exec ... &` from an interactive shell: changing the terminal's
+    # modes or reading it from the background would stop corral (SIGTTOU,
+    # SIGTTIN); the sandbox gets end of input instead.
+    before = termios.tcgetattr(host_pty.slave)
+    s = host_pty.run(workspace, "read x || echo no-input; echo done", background=True)
+    assert s.exit == 0, s.output
+    assert b"no-input" in s.output and b"done" in s.output
     assert termios.tcgetattr(host_pty.slave) == before
