@@ -9,9 +9,10 @@ Start-up, in order (each step fails closed):
 2. create the sandbox's cgroup with its limits;
 3. fork; in the child (before exec): join the cgroup, and when corral is root
    enter a private mount namespace, stage idmapped clones of the workspace and
-   the --ro/--rw paths, drop to the unprivileged sandbox uid (as root, bwrap
-   would keep its capabilities), set PDEATHSIG; then exec bwrap with the
-   seccomp filter as `--seccomp FD`;
+   the --ro/--rw paths, drop to the sandbox's own unprivileged host uid
+   (`uids.allocate`; as root, bwrap would keep its capabilities), set
+   PDEATHSIG; then exec bwrap with the seccomp filter as `--seccomp FD`
+   and stdio that holds no terminal (`terminal`);
 4. bwrap builds the namespaces and mounts and runs the init (init.py), which
    applies Landlock and runs the command.
 
