@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
     from corral.broker.journal import Journal
     from corral.sandbox.egress import EgressBroker
+    from corral.sandbox.terminal import PtyRelay
 
 __all__ = ["execute"]
 
@@ -105,6 +106,20 @@ def _journal_outcome(
     )
 
 
+def _terminal_relay(stack: contextlib.ExitStack) -> PtyRelay | None:
+    """A pty for the sandbox when corral's stdio has a terminal (closed by `stack`)."""
+    ttys = tuple(os.isatty(fd) for fd in range(3))
+    if not any(ttys):
+        return None
+    from corral.sandbox.terminal import PtyRelay, may_use_terminal, plan_stdio
+
+    plan = plan_stdio((ttys[0], ttys[1], ttys[2]), foreground=not ttys[0] or may_use_terminal(0))
+    assert plan is not None
+    relay = PtyRelay.open(plan)
+    stack.callback(relay.close)
+    return relay
+
+
 def execute(
     spec: SandboxSpec,
     *,
@@ -153,10 +168,19 @@ def execute(
                 env=spec.env_kind,
             )
             stack.callback(egress.stop)
-        sandbox = NamespaceSandbox(spec, network_hook=egress.attach if egress else None)
+        relay = _terminal_relay(stack)
+        sandbox = NamespaceSandbox(
+            spec,
+            network_hook=egress.attach if egress else None,
+            stdio=relay.stdio if relay is not None else None,
+        )
         running: RunningSandbox | None = None
         try:
+            if relay is not None:
+                relay.start()
             running = sandbox.start()
+            if relay is not None:
+                relay.spawned()
             if egress is not None:
                 running.layers["broker"] = True
             for layer, state in running.layers.items():

@@ -9,9 +9,10 @@ Start-up, in order (each step fails closed):
 2. create the sandbox's cgroup with its limits;
 3. fork; in the child (before exec): join the cgroup, and when corral is root
    enter a private mount namespace, stage idmapped clones of the workspace and
-   the --ro/--rw paths, drop to the unprivileged sandbox uid (as root, bwrap
-   would keep its capabilities), set PDEATHSIG; then exec bwrap with the
-   seccomp filter as `--seccomp FD`;
+   the --ro/--rw paths, drop to the sandbox's own unprivileged host uid
+   (`uids.allocate`; as root, bwrap would keep its capabilities), set
+   PDEATHSIG; then exec bwrap with the seccomp filter as `--seccomp FD`
+   and stdio that holds no terminal (`terminal`);
 4. bwrap builds the namespaces and mounts and runs the init (init.py), which
    applies Landlock and runs the command.
 
@@ -40,11 +41,14 @@ from corral.sandbox import bwrap as bw
 from corral.sandbox import mounts
 from corral.sandbox.cgroup import Cgroup, CgroupLayout, CgroupUsage, detect_layout, sweep_stale
 from corral.sandbox.spec import SandboxSpec
+from corral.sandbox.terminal import stdio_without_tty
 
 # Not `typing.TYPE_CHECKING`: importing typing costs ~5 ms on every `corral exec`.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Literal
+
+    from corral.sandbox.uids import UidLease
 
 __all__ = [
     "INSIDE_UID",
@@ -56,7 +60,8 @@ __all__ = [
     "landlock_rules_for",
 ]
 
-#: Host uid/gid every sandboxed process runs as when corral runs as root.
+#: The first host uid/gid of the default range (`uids.DEFAULT_RANGE`); when
+#: corral runs as root each live sandbox gets its own id from the range.
 SANDBOX_HOST_UID = 64000
 SANDBOX_HOST_GID = 64000
 #: The uid/gid the command sees inside its user namespace.
@@ -209,8 +214,11 @@ class NamespaceSandbox:
         cgroup_layout: CgroupLayout | None = None,
         network_hook: Callable[[int], None] | None = None,
         init_kind: Literal["auto", "c", "python"] = "auto",
+        stdio: tuple[int | None, int | None, int | None] | None = None,
     ) -> None:
         self.spec = spec
+        # None: inherit corral's stdio, with /dev/null for any terminal.
+        self._stdio = stdio
         self.init_kind = init_kind
         self._abi = 0
         self.cgroup_parent = cgroup_parent
@@ -316,6 +324,7 @@ class NamespaceSandbox:
         layers.active["init"] = "c" if binary else "python"
         started = time.monotonic()
         cgroup: Cgroup | None = None
+        lease: UidLease | None = None
         fds_to_close: list[int] = []
         try:
             if layout is not None:
@@ -364,10 +373,13 @@ class NamespaceSandbox:
             staged: list[bw.StagedBind] = []
             binds = [(spec.workspace, True), *((b.path, b.writable) for b in spec.binds)]
             userns_fd = -1
+            host_uid, host_gid = SANDBOX_HOST_UID, SANDBOX_HOST_GID
             if self.is_root:
-                userns_fd = mounts.make_userns_fd(
-                    os.getuid(), os.getgid(), SANDBOX_HOST_UID, SANDBOX_HOST_GID
-                )
+                from corral.sandbox import uids
+
+                lease = uids.allocate(uids.configured_range())
+                host_uid, host_gid = lease.uid, lease.gid
+                userns_fd = mounts.make_userns_fd(os.getuid(), os.getgid(), host_uid, host_gid)
                 fds_to_close.append(userns_fd)
                 for i, (path, writable) in enumerate(binds):
                     staged.append(bw.StagedBind(mounts.staged_path(i), path, writable))
@@ -402,8 +414,8 @@ class NamespaceSandbox:
                         for i, (path, writable) in enumerate(binds):
                             mounts.stage_bind(i, path, writable, userns_fd)
                         os.setgroups([])
-                        os.setresgid(SANDBOX_HOST_GID, SANDBOX_HOST_GID, SANDBOX_HOST_GID)
-                        os.setresuid(SANDBOX_HOST_UID, SANDBOX_HOST_UID, SANDBOX_HOST_UID)
+                        os.setresgid(host_gid, host_gid, host_gid)
+                        os.setresuid(host_uid, host_uid, host_uid)
                     # Set after the uid change, which clears it.
                     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
                     if os.getppid() != parent:
@@ -413,6 +425,11 @@ class NamespaceSandbox:
                         os.write(err_w, str(exc).encode()[:4000])
                     raise
 
+            stdio = self._stdio
+            if stdio is None:
+                stdio, null_fd = stdio_without_tty()
+                if null_fd is not None:
+                    fds_to_close.append(null_fd)
             env = dict(spec.env)
             # Orphans of the launcher's children come back to corral, not host init.
             _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -425,6 +442,9 @@ class NamespaceSandbox:
                 # raw syscalls through os and ctypes.
                 proc = subprocess.Popen(
                     argv,
+                    stdin=stdio[0],
+                    stdout=stdio[1],
+                    stderr=stdio[2],
                     env=env,
                     pass_fds=pass_fds,
                     preexec_fn=child_setup,  # noqa: PLW1509
@@ -449,7 +469,9 @@ class NamespaceSandbox:
                 layers=layers.active,
                 started=started,
                 spec=spec,
+                uid_lease=lease,
             )
+            lease = None
             if self._network_hook is not None:
                 assert info_r is not None and block_w is not None
                 try:
@@ -471,6 +493,8 @@ class NamespaceSandbox:
             if cgroup is not None:
                 with contextlib.suppress(CgroupError):
                     cgroup.remove()
+            if lease is not None:
+                lease.close()
             raise
 
 
@@ -520,8 +544,11 @@ class RunningSandbox:
         layers: dict[str, object],
         started: float,
         spec: SandboxSpec,
+        uid_lease: UidLease | None = None,
     ) -> None:
         self.proc = proc
+        #: The host uid/gid this sandbox holds (None when corral is not root).
+        self.uid_lease = uid_lease
         self.cgroup = cgroup
         self._status_fd = status_fd
         self.layers = layers
@@ -661,15 +688,21 @@ class RunningSandbox:
         if self._closed:
             return
         self._closed = True
+        emptied = False
         try:
             if self.proc.poll() is None:
                 self.kill_all()
                 self.proc.wait()
             if self.cgroup is not None:
                 self.cgroup.remove()
+                emptied = True
         finally:
             with contextlib.suppress(OSError):
                 os.close(self._status_fd)
+            if self.uid_lease is not None:
+                # Unless the cgroup was removed (so nothing of the sandbox
+                # is left), the next holder scans /proc before reusing it.
+                self.uid_lease.close(clean=emptied)
 
 
 def init_command(

@@ -106,7 +106,9 @@ REQUIREMENTS: dict[str, str] = {**MANDATORY, **USABILITY}
 #: kill-victim: a fresh host process to be signalled; fd: an inherited secret fd;
 #: netns: the canary network namespace; exec-json: `corral exec --json`;
 #: hostgit: corral's host-side git helper; root: the suite runs as root;
-#: faults: the fault injected removes a layer only corral has (peers: not applicable).
+#: faults: the fault injected removes a layer only corral has (peers: not applicable);
+#: neighbour: a second sandbox of the same backend runs (and waits) alongside the probe,
+#: inspected with it (`during="inspect"`, fact "neighbour_status").
 Need = Literal[
     "broker",
     "journal",
@@ -120,6 +122,7 @@ Need = Literal[
     "root",
     "kernel-audit",
     "faults",
+    "neighbour",
 ]
 
 #: Faults the runner injects around the backend's command line.
@@ -235,6 +238,15 @@ class TtyInjected:
 
 
 @dataclass(frozen=True, slots=True)
+class TtyChanged:
+    """Fact `key`: what of the terminal the probe had on stdin (window size,
+    termios, exclusive mode) differs after the run from before it; empty
+    when nothing does."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
 class KernelLog:
     """Fact `key`: whether the host's kernel log (/dev/kmsg) holds the marker."""
 
@@ -261,6 +273,7 @@ Check = (
     | VictimKilled
     | HostGit
     | TtyInjected
+    | TtyChanged
     | KernelLog
     | JournalLacks
 )

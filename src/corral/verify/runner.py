@@ -19,6 +19,7 @@ import json
 import os
 import re
 import secrets
+import select
 import shutil
 import signal
 import sqlite3
@@ -74,6 +75,7 @@ from corral.verify.model import (
     SameInode,
     Skipped,
     Symlink,
+    TtyChanged,
     TtyInjected,
     VictimKilled,
     WriteFile,
@@ -235,6 +237,35 @@ def _survivors(marker: str, window_s: float = 1.0) -> tuple[str, ...]:
         if time.monotonic() >= deadline:
             return ()
         time.sleep(0.005)
+
+
+#: The neighbour sandbox's program: report ready, then wait to be stopped.
+_NEIGHBOUR = "import sys, time\nprint('CORRAL-READY', flush=True)\ntime.sleep(60)\n"
+_TIOCGEXCL = 0x80045440
+
+
+def _tty_state(fd: int) -> tuple[object, ...]:
+    """(window size, termios, exclusive flag) of a terminal."""
+    import fcntl
+    import struct
+
+    try:
+        excl = struct.unpack("i", fcntl.ioctl(fd, _TIOCGEXCL, b"\0" * 4))[0]
+    except OSError:
+        excl = -1
+    return termios.tcgetwinsize(fd), termios.tcgetattr(fd), excl
+
+
+def _tty_changes(before: tuple[object, ...], after: tuple[object, ...]) -> str:
+    """What differs between two `_tty_state`s, in words ("" when nothing)."""
+    out = []
+    if before[0] != after[0]:
+        out.append(f"window size {before[0]} -> {after[0]}")
+    if before[1] != after[1]:
+        out.append("termios (modes/echo)")
+    if before[2] != after[2]:
+        out.append(f"exclusive mode {before[2]} -> {after[2]}")
+    return "; ".join(out)
 
 
 _STATUS_FIELDS = ("Uid", "Gid", "CapEff", "CapPrm", "NoNewPrivs", "Seccomp")
@@ -919,12 +950,16 @@ class _Suite:
             argv = cgroup.wrap(argv)
         stdin: int = subprocess.DEVNULL
         pty_fds: tuple[int, int] | None = None
+        tty_before: tuple[object, ...] | None = None
         if "pty" in p.needs:
             pty_fds = os.openpty()
             tty.setraw(pty_fds[1])
+            termios.tcsetwinsize(pty_fds[0], (24, 80))
+            tty_before = _tty_state(pty_fds[1])
             stdin = pty_fds[1]
             for fd in pty_fds:
                 stack.callback(os.close, fd)
+        neighbour = self._start_neighbour(p, stack) if "neighbour" in p.needs else None
         pass_fds = (self.cs.inherited_fd,) if "fd" in p.needs and self.cs.inherited_fd >= 0 else ()
         sampler = _Sampler(marker) if p.sample else None
         io = _Proc()
@@ -949,10 +984,13 @@ class _Suite:
             sampler.start()
         harness_timeout = False
         inspected: list[dict[str, str]] = []
+        neighbour_status: list[dict[str, str]] = []
         broker_kill: str | None = None
         if p.during is not None and io.ready.wait(15):
             if p.during == "inspect":
                 inspected = _host_status(marker)
+                if neighbour is not None:
+                    neighbour_status = _host_status(neighbour)
             elif p.during == "kill-broker":
                 broker_kill = _kill_broker(journal) if self.backend.kind == "corral" else "none"
             else:
@@ -977,9 +1015,19 @@ class _Suite:
             sampler.stop()
         # Only survivor probes pay for the long scan window (see _survivors).
         survivors = _survivors(marker, 1.0 if p.category == "processes" else 0.06)
-        facts = self._facts(p, ctx=ctx, marker=marker, victim=victim, snaps=snaps, pty_fds=pty_fds)
+        facts = self._facts(
+            p,
+            ctx=ctx,
+            marker=marker,
+            victim=victim,
+            snaps=snaps,
+            pty_fds=pty_fds,
+            tty_before=tty_before,
+        )
         if p.during == "inspect":
             facts["host_status"] = inspected
+        if neighbour is not None:
+            facts["neighbour_status"] = neighbour_status
         if p.during == "kill-broker":
             facts["broker_kill"] = broker_kill or "not-found"
         kill_marker(marker)
@@ -1122,6 +1170,7 @@ class _Suite:
         victim: subprocess.Popen[bytes] | None,
         snaps: Mapping[str, tuple[bool, bytes, int]],
         pty_fds: tuple[int, int] | None,
+        tty_before: tuple[object, ...] | None = None,
     ) -> dict[str, Any]:
         facts: dict[str, Any] = {}
         for c in p.checks:
@@ -1168,7 +1217,61 @@ class _Suite:
                             data = os.read(pty_fds[1], 65536)
                         termios.tcflush(pty_fds[1], termios.TCIFLUSH)
                     facts[key] = marker.encode() in data
+                case TtyChanged(key=key):
+                    facts[key] = ""
+                    if pty_fds is not None and tty_before is not None:
+                        facts[key] = _tty_changes(tty_before, _tty_state(pty_fds[1]))
         return facts
+
+    def _start_neighbour(self, p: Probe, stack: ExitStack) -> str | None:
+        """A second sandbox of this backend that waits alongside the probe; its marker.
+
+        None when it did not come up (the oracle then finds no neighbour to
+        compare with and says so).
+        """
+        nb = "cvn" + secrets.token_hex(5)
+        ws = f"{self.cs.root}/ws/{p.id}-neighbour"
+        if os.path.lexists(ws):
+            shutil.rmtree(ws)
+        os.makedirs(ws)
+        run = RunSpec(ws, ProbeLimits(), (), None, self.opts.env, self._settings(ws, (), nb))
+        argv = self.backend.argv([PY, "-I", "-S", "-c", _NEIGHBOUR, nb], run)
+        proc = subprocess.Popen(
+            argv,
+            cwd=ws,
+            env=dict(self.caller_env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+        def stop() -> None:
+            with contextlib.suppress(OSError):
+                proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(OSError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+            kill_marker(nb)
+            assert proc.stdout is not None
+            proc.stdout.close()
+
+        stack.callback(stop)
+        assert proc.stdout is not None
+        out = b""
+        deadline = time.monotonic() + 15
+        while b"CORRAL-READY" not in out and time.monotonic() < deadline:
+            ready, _, _ = select.select([proc.stdout], [], [], deadline - time.monotonic())
+            if not ready:
+                break
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            out += chunk
+        return nb if b"CORRAL-READY" in out else None
 
     def _cleanup(
         self,

@@ -13,6 +13,7 @@ from corral.verify.probes import (
     processes,
     resources,
     secrets,
+    terminal_and_uids,
     usability,
 )
 from corral.verify.probes._prelude import PRELUDE
@@ -33,6 +34,7 @@ def all_probes() -> list[Probe]:
         *audit.PROBES,
         *usability.PROBES,
         *presentation.PROBES,
+        *terminal_and_uids.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:
