@@ -62,7 +62,6 @@ SANDBOX_HOST_GID = 64000
 #: The uid/gid the command sees inside its user namespace.
 INSIDE_UID = 1000
 INIT_PYTHON = "/usr/bin/python3"
-_SUPPORT_PROCESSES = 3
 _WRITABLE_DEV = (
     "/dev/null",
     "/dev/zero",
@@ -75,7 +74,6 @@ _WRITABLE_DEV = (
     "/dev/shm",
 )
 _PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
 _libc = ctypes.CDLL(None, use_errno=True)
 _SRC_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -175,6 +173,13 @@ def _group() -> bytes:
 
 def _hosts(hostname: str) -> bytes:
     return f"127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost ip6-localhost ip6-loopback\n".encode()
+
+
+def set_pdeathsig(signum: int) -> None:
+    """prctl(PR_SET_PDEATHSIG, signum), checked: raises OSError when the kernel refuses."""
+    if _libc.prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(signum), 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
 
 
 def _memfd(name: str, data: bytes) -> int:
@@ -317,6 +322,7 @@ class NamespaceSandbox:
         started = time.monotonic()
         cgroup: Cgroup | None = None
         fds_to_close: list[int] = []
+        host_fds: list[int] = []
         try:
             if layout is not None:
                 with contextlib.suppress(CgroupError, OSError):
@@ -327,14 +333,25 @@ class NamespaceSandbox:
             fds_to_close += attach_fds
 
             status_r, status_w = os.pipe()
-            os.set_inheritable(status_w, True)
             fds_to_close.append(status_w)
+            host_fds.append(status_r)
+            # The host closes hold_w once it has counted the leftovers; until
+            # then the init keeps the namespace (and the leftovers) in place.
+            hold_r, hold_w = os.pipe()
+            fds_to_close.append(hold_r)
+            bwrap_status_r, bwrap_status_w = os.pipe()
+            fds_to_close.append(bwrap_status_w)
+            host_fds += [hold_w, bwrap_status_r]
             err_r, err_w = os.pipe()
             fds_to_close.append(err_w)
-            pass_fds = [status_w]
+            pass_fds = [status_w, hold_r, bwrap_status_w]
 
             init_argv, init_files, init_binds = init_command(
-                spec, binary=binary, abi=self._abi if use_landlock else 0, status_fd=status_w
+                spec,
+                binary=binary,
+                abi=self._abi if use_landlock else 0,
+                status_fd=status_w,
+                hold_fd=hold_r,
             )
             data_files: list[tuple[str, int]] = []
             for dest, content in (
@@ -350,7 +367,9 @@ class NamespaceSandbox:
 
             seccomp_fd = None
             if bpf is not None:
-                seccomp_fd = _memfd("corral-seccomp", bpf)
+                from corral.sandbox import seccomp
+
+                seccomp_fd = seccomp.bpf_fd(bpf)
                 fds_to_close.append(seccomp_fd)
                 pass_fds.append(seccomp_fd)
 
@@ -388,6 +407,7 @@ class NamespaceSandbox:
                 seccomp_fd=seccomp_fd,
                 info_fd=info_fd,
                 block_fd=block_r,
+                json_status_fd=bwrap_status_w,
             )
             argv = bw.build_argv(plan)
             parent = os.getpid()
@@ -405,7 +425,7 @@ class NamespaceSandbox:
                         os.setresgid(SANDBOX_HOST_GID, SANDBOX_HOST_GID, SANDBOX_HOST_GID)
                         os.setresuid(SANDBOX_HOST_UID, SANDBOX_HOST_UID, SANDBOX_HOST_UID)
                     # Set after the uid change, which clears it.
-                    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+                    set_pdeathsig(signal.SIGKILL)
                     if os.getppid() != parent:
                         os._exit(125)
                 except BaseException as exc:
@@ -414,8 +434,6 @@ class NamespaceSandbox:
                     raise
 
             env = dict(spec.env)
-            # Orphans of the launcher's children come back to corral, not host init.
-            _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
             try:
                 # preexec_fn runs Python between fork and exec. That is safe
                 # even when the caller has other threads (the coordinator
@@ -449,7 +467,10 @@ class NamespaceSandbox:
                 layers=layers.active,
                 started=started,
                 spec=spec,
+                hold_fd=hold_w,
+                bwrap_status_fd=bwrap_status_r,
             )
+            host_fds = []
             if self._network_hook is not None:
                 assert info_r is not None and block_w is not None
                 try:
@@ -465,7 +486,7 @@ class NamespaceSandbox:
                     os.close(block_w)
             return running
         except BaseException:
-            for fd in fds_to_close:
+            for fd in fds_to_close + host_fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
             if cgroup is not None:
@@ -508,8 +529,69 @@ def _etc_entries() -> tuple[str, ...]:
     return tuple(e for e in bw.ETC_ALLOWLIST if os.path.lexists(f"/etc/{e}"))
 
 
+def count_leftovers(
+    procs: dict[int, tuple[int, tuple[int, ...]]], *, monitor: int, pid1: int | None
+) -> int:
+    """How many of the cgroup's processes belong to the command (pure).
+
+    `procs` maps each host pid in the sandbox's cgroup to (ppid, NSpid) as
+    the host's /proc shows them. The support processes are identified by
+    pid, never by a number the sandbox reports: bwrap's monitor (corral's
+    child, outside the PID namespace), the namespace's pid 1 (bwrap's
+    child-pid, reported by the monitor) and the init (pid 1's child that is
+    pid 2 in the namespace: pid 1 forks it first, and the pid stays the
+    init's while it is alive). Everything else is the command's.
+    """
+    if pid1 is None:
+        pid1 = next((p for p, (_, ns) in procs.items() if ns[1:2] == (1,)), None)
+    support = {monitor}
+    if pid1 is not None:
+        support.add(pid1)
+        support.update(p for p, (pp, ns) in procs.items() if pp == pid1 and ns[1:2] == (2,))
+    return sum(1 for p in procs if p not in support)
+
+
+def _proc_identity(pid: int) -> tuple[int, tuple[int, ...]] | None:
+    ppid = -1
+    nspid: tuple[int, ...] = ()
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"PPid:"):
+                    ppid = int(line.split()[1])
+                elif line.startswith(b"NSpid:"):
+                    nspid = tuple(int(x) for x in line.split()[1:])
+    except (OSError, ValueError):
+        return None  # exited meanwhile: not a leftover
+    return ppid, nspid
+
+
 class RunningSandbox:
-    """A started sandbox: wait for it, kill it, read its usage. Call close() last."""
+    """A started sandbox: wait for it, kill it, read its usage. Call close() last.
+
+    Where the exit report's values come from (the init is inside the sandbox,
+    so nothing it says is trusted):
+
+    - exit status: bwrap's monitor, which runs outside the sandbox's
+      namespaces as corral's child, writes `{"exit-code": N}` on
+      --json-status-fd when the namespace's pid 1 (bwrap's own init) sees
+      its first child, corral's init, exit; the init exits with the
+      command's status. The command cannot reach the monitor (another PID
+      namespace, parent user namespace) nor pid 1 (pid 1 ignores signals
+      from its namespace; Landlock refuses ptrace-mode access to a process
+      outside the caller's domain), nor the init (non-dumpable, and the
+      command runs in a nested Landlock domain: no ptrace, no /proc/<pid>/mem
+      or /proc/<pid>/fd, no signals with ABI >= 6). Killing or stopping the
+      init can only turn the status into 137 or a timeout, never a success.
+    - processes_killed_at_end: counted by the host in the cgroup's
+      cgroup.procs, support processes identified by pid (`count_leftovers`),
+      while the init holds the namespace after the command's exit (the init
+      waits until the host closes the hold pipe). A forged or early "exit"
+      event could only make the count larger.
+    - cpu, memory, OOM kills, pids-limit hits: the kernel's cgroup counters.
+    - the init's events only add a message or a reason ("killed" when they
+      agree with the host's exit status); they never change a number.
+    """
 
     def __init__(
         self,
@@ -520,40 +602,71 @@ class RunningSandbox:
         layers: dict[str, object],
         started: float,
         spec: SandboxSpec,
+        hold_fd: int = -1,
+        bwrap_status_fd: int = -1,
     ) -> None:
         self.proc = proc
         self.cgroup = cgroup
         self._status_fd = status_fd
+        self._hold_fd = hold_fd
+        self._bwrap_fd = bwrap_status_fd
         self.layers = layers
         self.started = started
         self.spec = spec
         self._status_buf = b""
+        self._bwrap_buf = b""
+        self._status_eof = False
         self.events: list[dict[str, object]] = []
+        #: What bwrap's monitor reported: "child-pid", "exit-code".
+        self.bwrap_status: dict[str, int] = {}
         self._closed = False
-        self._alive_at_kill = 0
+        self._leftovers: int | None = None
         os.set_blocking(status_fd, False)
+        if bwrap_status_fd >= 0:
+            os.set_blocking(bwrap_status_fd, False)
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
-    def _drain_status(self) -> None:
+    @staticmethod
+    def _read_lines(fd: int, buf: bytes) -> tuple[list[bytes], bytes, bool]:
+        eof = False
         while True:
             try:
-                chunk = os.read(self._status_fd, 65536)
-            except BlockingIOError:
-                break
-            except OSError:
+                chunk = os.read(fd, 65536)
+            except OSError:  # BlockingIOError included
                 break
             if not chunk:
+                eof = True
                 break
-            self._status_buf += chunk
-        *lines, self._status_buf = self._status_buf.split(b"\n")
-        for line in lines:
-            with contextlib.suppress(ValueError):
-                ev = json.loads(line)
-                if isinstance(ev, dict):
-                    self.events.append(ev)
+            buf += chunk
+            if len(buf) > 1 << 20:  # a flood: keep the newest megabyte
+                buf = buf[-(1 << 20) :]
+        *lines, buf = buf.split(b"\n")
+        return lines, buf, eof
+
+    def _drain_status(self) -> None:
+        if not self._status_eof:
+            lines, self._status_buf, self._status_eof = self._read_lines(
+                self._status_fd, self._status_buf
+            )
+            for line in lines:
+                with contextlib.suppress(ValueError):
+                    ev = json.loads(line)
+                    if isinstance(ev, dict):
+                        self.events.append(ev)
+        if self._bwrap_fd >= 0:
+            lines, self._bwrap_buf, _ = self._read_lines(self._bwrap_fd, self._bwrap_buf)
+            for line in lines:
+                with contextlib.suppress(ValueError):
+                    ev = json.loads(line)
+                    if not isinstance(ev, dict):
+                        continue
+                    for key in ("child-pid", "exit-code"):
+                        val = ev.get(key)
+                        if isinstance(val, int) and key not in self.bwrap_status:
+                            self.bwrap_status[key] = val
 
     def usage(self) -> CgroupUsage | None:
         return self.cgroup.usage() if self.cgroup else None
@@ -576,20 +689,48 @@ class RunningSandbox:
             raise CgroupError(0, "freezer unavailable")
         _write_text(os.path.join(self.cgroup.dirs["freezer"], "freezer.state"), "THAWED")
 
+    def _release(self) -> None:
+        if self._hold_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._hold_fd)
+            self._hold_fd = -1
+
     def wait(self, timeout_s: float | None = None) -> ExecResult:
-        """Wait for the main process (or the timeout), then tear everything down."""
+        """Wait for the main process (or the timeout), then tear everything down.
+
+        When the init says the command exited, the host counts the leftovers
+        (the init is holding the namespace), then releases the init.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         timed_out = False
+        pidfd = os.pidfd_open(self.proc.pid)
         try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            self._count_before_kill()
+            while self.proc.poll() is None:
+                self._drain_status()
+                if self._hold_fd >= 0 and any(e.get("event") == "exit" for e in self.events):
+                    self._count_leftovers()
+                    self._release()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    timed_out = True
+                    break
+                watch = [pidfd] if self._status_eof else [pidfd, self._status_fd]
+                select.select(watch, [], [], left)
+        finally:
+            os.close(pidfd)
+        if timed_out:
+            self._count_leftovers()
             self.kill_all()
             self.proc.wait()
         return self._finish(timed_out=timed_out)
 
     def _finish(self, *, timed_out: bool, interrupted: int = 0) -> ExecResult:
         self._drain_status()
+        if self._leftovers is None:
+            # No "exit" event (the init died or never started the command):
+            # whatever is still in the cgroup is counted, a lower bound.
+            self._count_leftovers()
+        self._release()
         if self.cgroup is not None:
             with contextlib.suppress(CgroupError):
                 self.cgroup.kill()
@@ -599,33 +740,27 @@ class RunningSandbox:
         wall = time.monotonic() - self.started
         exit_ev = next((e for e in self.events if e.get("event") == "exit"), None)
         err_ev = next((e for e in self.events if e.get("event") == "error"), None)
-        started = any(e.get("event") == "started" for e in self.events)
         oom = usage.oom_kills if usage else 0
-        alive = int(exit_ev.get("alive", 0)) if exit_ev else 0  # type: ignore[call-overload]
-        alive = max(alive, self._alive_at_kill)
+        host_code = self.bwrap_status.get("exit-code")
         message = ""
         if timed_out:
             code, reason = 124, "timeout"
         elif interrupted:
             code, reason = 128 + interrupted, "killed"
-        elif exit_ev is not None:
-            code = int(exit_ev["code"])  # type: ignore[call-overload]
-            sig = int(exit_ev.get("signal", 0))  # type: ignore[call-overload]
-            if sig == signal.SIGKILL and oom > 0:
-                code, reason = 137, "oom"
-            elif sig:
+        elif host_code is not None:
+            code, reason = host_code, "exited"
+            if code == 128 + signal.SIGKILL and oom > 0:
+                reason = "oom"
+            elif err_ev is not None and err_ev.get("code") == code:
+                reason = "refused" if code == 125 else "exited"
+                message = str(err_ev.get("message", ""))
+            elif code > 128 and (exit_ev is None or exit_ev.get("signal") == code - 128):
+                # The command was killed by that signal, or the init itself was.
                 reason = "killed"
-            else:
-                reason = "exited"
-        elif err_ev is not None:
-            code = int(err_ev.get("code", 125))  # type: ignore[call-overload]
-            reason = "refused" if code == 125 else "exited"
-            message = str(err_ev.get("message", ""))
         elif oom > 0:
             code, reason = 137, "oom"
-        elif started:
-            rc = self.proc.returncode
-            code, reason = (rc if rc and rc > 0 else 128 + signal.SIGKILL), "killed"
+        elif self.proc.returncode is not None and self.proc.returncode < 0:
+            code, reason = 128 - self.proc.returncode, "killed"
         else:
             code, reason = 125, "refused"
             message = f"the sandbox failed to start (bwrap exit status {self.proc.returncode})"
@@ -635,7 +770,7 @@ class RunningSandbox:
             wall_s=wall,
             cpu_s=usage.cpu_s if usage else 0.0,
             peak_memory_bytes=usage.peak_memory_bytes if usage else 0,
-            processes_killed_at_end=alive,
+            processes_killed_at_end=self._leftovers or 0,
             layers=self.layers,
             oom_kills=oom,
             pids_limit_hits=usage.pids_limit_hits if usage else 0,
@@ -643,15 +778,22 @@ class RunningSandbox:
             events=tuple(self.events),
         )
 
-    def _count_before_kill(self) -> None:
-        # The cgroup also holds bwrap's monitor, the namespace's pid 1 and
-        # the init; what is left are the command's processes.
-        if self.cgroup is not None:
-            self._alive_at_kill = max(0, len(self.cgroup.pids()) - _SUPPORT_PROCESSES)
+    def _count_leftovers(self) -> None:
+        if self.cgroup is None:
+            return
+        self._drain_status()
+        procs: dict[int, tuple[int, tuple[int, ...]]] = {}
+        with contextlib.suppress(CgroupError, OSError):
+            for pid in self.cgroup.pids():
+                ident = _proc_identity(pid)
+                if ident is not None:
+                    procs[pid] = ident
+        n = count_leftovers(procs, monitor=self.proc.pid, pid1=self.bwrap_status.get("child-pid"))
+        self._leftovers = max(n, self._leftovers or 0)
 
     def interrupt(self, signum: int) -> ExecResult:
         """Corral got a signal: kill everything and report it."""
-        self._count_before_kill()
+        self._count_leftovers()
         self.kill_all()
         self.proc.wait()
         return self._finish(timed_out=False, interrupted=signum)
@@ -662,27 +804,32 @@ class RunningSandbox:
             return
         self._closed = True
         try:
+            self._release()
             if self.proc.poll() is None:
                 self.kill_all()
                 self.proc.wait()
             if self.cgroup is not None:
                 self.cgroup.remove()
         finally:
-            with contextlib.suppress(OSError):
-                os.close(self._status_fd)
+            for fd in (self._status_fd, self._bwrap_fd):
+                if fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
 
 
 def init_command(
-    spec: SandboxSpec, *, binary: str | None, abi: int, status_fd: int
+    spec: SandboxSpec, *, binary: str | None, abi: int, status_fd: int, hold_fd: int | None = None
 ) -> tuple[tuple[str, ...], list[tuple[str, bytes]], tuple[tuple[str, str], ...]]:
     """How bwrap starts the init: (argv, files to place, read-only binds).
 
     `abi` 0 means no Landlock. The compiled init gets the ruleset decided here
     by `landlock.plan` as numbers; the Python init gets the rules as JSON and
-    its landlock module.
+    its landlock module. With `hold_fd` the init waits, after the command
+    exits, until the host closes that pipe (see RunningSandbox.wait).
     """
+    hold = ("--hold", str(hold_fd)) if hold_fd is not None else ()
     if binary is not None:
-        args: list[str] = []
+        args: list[str] = [*hold]
         if abi:
             from corral.sandbox import landlock
 
@@ -715,6 +862,7 @@ def init_command(
         f"{bw.INIT_DIR}/init.py",
         str(status_fd),
         rules,
+        *hold,
         "--",
         *spec.argv,
     )
