@@ -503,7 +503,7 @@ class Coordinator:
             )
             reason = "broker died"
         try:
-            if reason is None or (reason == "broker died" and running.proc.poll() is not None):
+            if reason is None or (reason == "broker died" and running.poll() is not None):
                 result = running.wait()
                 reason = reason or "agent finished"
             else:
@@ -530,7 +530,7 @@ class Coordinator:
     ) -> str | None:
         deadline = time.monotonic() + wall
         last_tick = 0.0
-        while running.proc.poll() is None:
+        while running.poll() is None:
             if self._stopping():
                 return "stopped by the user"
             if time.monotonic() >= deadline:
@@ -652,7 +652,7 @@ class Coordinator:
             product.port,
             product.ready_path,
             product.ready_timeout,
-            alive=lambda: running.proc.poll() is None and not self._stopping(),
+            alive=lambda: running.poll() is None and not self._stopping(),
         )
         if not ready:
             err = _read_tail(self.layout.product_dir(n) / "stderr.log", 600).strip()

@@ -695,6 +695,22 @@ class RunningSandbox:
                 os.close(self._hold_fd)
             self._hold_fd = -1
 
+    def _step(self) -> None:
+        self._drain_status()
+        if self._hold_fd >= 0 and any(e.get("event") == "exit" for e in self.events):
+            self._count_leftovers()
+            self._release()
+
+    def poll(self) -> int | None:
+        """bwrap's exit status once it has exited, else None; never blocks.
+
+        A caller that watches the sandbox itself must use this, not
+        `proc.poll()`: when the command has exited, this is what counts the
+        leftovers and releases the init, which holds the namespace until then.
+        """
+        self._step()
+        return self.proc.poll()
+
     def wait(self, timeout_s: float | None = None) -> ExecResult:
         """Wait for the main process (or the timeout), then tear everything down.
 
@@ -703,13 +719,11 @@ class RunningSandbox:
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         timed_out = False
+        if self.poll() is not None:  # already reaped: there is no pid to watch
+            return self._finish(timed_out=False)
         pidfd = os.pidfd_open(self.proc.pid)
         try:
-            while self.proc.poll() is None:
-                self._drain_status()
-                if self._hold_fd >= 0 and any(e.get("event") == "exit" for e in self.events):
-                    self._count_leftovers()
-                    self._release()
+            while self.poll() is None:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     timed_out = True
