@@ -10,6 +10,7 @@ from corral.verify.probes import (
     network,
     privilege,
     processes,
+    report_forgery,
     resources,
     secrets,
     usability,
@@ -31,6 +32,7 @@ def all_probes() -> list[Probe]:
         *privilege.PROBES,
         *audit.PROBES,
         *usability.PROBES,
+        *report_forgery.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:
