@@ -60,6 +60,7 @@ from corral.run.report import render_report
 from corral.run.runcg import RunCgroup
 from corral.run.store import CheckResult, RunLock, Store
 from corral.sandbox.namespace import ExecResult, NamespaceSandbox, RunningSandbox
+from corral.sandbox.reaper import become_subreaper
 
 if TYPE_CHECKING:
     from corral.broker.journal import Journal
@@ -238,6 +239,7 @@ class Coordinator:
 
         Raises RunLockedError if another coordinator drives this run.
         """
+        become_subreaper()
         lock = RunLock(self.layout.root)
         lock.acquire(wait_s=3.0)
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
