@@ -529,6 +529,54 @@ def _etc_entries() -> tuple[str, ...]:
     return tuple(e for e in bw.ETC_ALLOWLIST if os.path.lexists(f"/etc/{e}"))
 
 
+def decide_exit(
+    *,
+    host_code: int | None,
+    bwrap_rc: int | None,
+    exit_ev: dict[str, object] | None,
+    err_ev: dict[str, object] | None,
+    oom_kills: int,
+    timed_out: bool,
+    interrupted: int,
+) -> tuple[int, str, str]:
+    """(exit status, reason, message) of a finished sandbox (pure).
+
+    The status is bwrap's (`host_code`, from its monitor outside the
+    sandbox); the init's events only name the reason and carry a message.
+    The two must agree: an exit event with another code, or status 0 with no
+    exit event (the init writes one before every exit 0), means something in
+    the sandbox rewrote one of them (possible only when Landlock is degraded:
+    bwrap's pid 1 is then reachable), and the outcome fails closed (125).
+    """
+    if timed_out:
+        return 124, "timeout", ""
+    if interrupted:
+        return 128 + interrupted, "killed", ""
+    if host_code is not None:
+        if host_code == 128 + signal.SIGKILL and oom_kills > 0:
+            return host_code, "oom", ""
+        if err_ev is not None and err_ev.get("code") == host_code:
+            reason = "refused" if host_code == 125 else "exited"
+            return host_code, reason, str(err_ev.get("message", ""))
+        said = exit_ev.get("code") if exit_ev is not None else None
+        if (exit_ev is not None and said != host_code) or (host_code == 0 and exit_ev is None):
+            return (
+                125,
+                "refused",
+                f"the sandbox's exit reports disagree (init: {said!r}, bwrap: {host_code});"
+                " treated as a failure",
+            )
+        if host_code > 128 and (exit_ev is None or exit_ev.get("signal") == host_code - 128):
+            # The command was killed by that signal, or the init itself was.
+            return host_code, "killed", ""
+        return host_code, "exited", ""
+    if oom_kills > 0:
+        return 137, "oom", ""
+    if bwrap_rc is not None and bwrap_rc < 0:
+        return 128 - bwrap_rc, "killed", ""
+    return 125, "refused", f"the sandbox failed to start (bwrap exit status {bwrap_rc})"
+
+
 def count_leftovers(
     procs: dict[int, tuple[int, tuple[int, ...]]], *, monitor: int, pid1: int | None
 ) -> int:
@@ -752,32 +800,22 @@ class RunningSandbox:
         usage = self.usage()
         self._drain_status()
         wall = time.monotonic() - self.started
-        exit_ev = next((e for e in self.events if e.get("event") == "exit"), None)
+        exits = [e for e in self.events if e.get("event") == "exit"]
+        # The init writes one exit event; several mean one was written for it.
+        exit_ev = (
+            exits[0] if len(exits) == 1 else {"event": "exit", "code": None} if exits else None
+        )
         err_ev = next((e for e in self.events if e.get("event") == "error"), None)
         oom = usage.oom_kills if usage else 0
-        host_code = self.bwrap_status.get("exit-code")
-        message = ""
-        if timed_out:
-            code, reason = 124, "timeout"
-        elif interrupted:
-            code, reason = 128 + interrupted, "killed"
-        elif host_code is not None:
-            code, reason = host_code, "exited"
-            if code == 128 + signal.SIGKILL and oom > 0:
-                reason = "oom"
-            elif err_ev is not None and err_ev.get("code") == code:
-                reason = "refused" if code == 125 else "exited"
-                message = str(err_ev.get("message", ""))
-            elif code > 128 and (exit_ev is None or exit_ev.get("signal") == code - 128):
-                # The command was killed by that signal, or the init itself was.
-                reason = "killed"
-        elif oom > 0:
-            code, reason = 137, "oom"
-        elif self.proc.returncode is not None and self.proc.returncode < 0:
-            code, reason = 128 - self.proc.returncode, "killed"
-        else:
-            code, reason = 125, "refused"
-            message = f"the sandbox failed to start (bwrap exit status {self.proc.returncode})"
+        code, reason, message = decide_exit(
+            host_code=self.bwrap_status.get("exit-code"),
+            bwrap_rc=self.proc.returncode,
+            exit_ev=exit_ev,
+            err_ev=err_ev,
+            oom_kills=oom,
+            timed_out=timed_out,
+            interrupted=interrupted,
+        )
         return ExecResult(
             exit=code,
             reason=reason,
