@@ -12,12 +12,13 @@ Start-up, in order (each step fails closed):
    the --ro/--rw paths, drop to the unprivileged sandbox uid (as root, bwrap
    would keep its capabilities), set PDEATHSIG; then exec bwrap with the
    seccomp filter as `--seccomp FD`;
-4. bwrap builds the namespaces and mounts and runs the init (init.py), which
-   applies Landlock and runs the command.
+4. bwrap builds the namespaces and mounts and runs the init (init.c, or
+   init.py), which applies Landlock and runs the command in a nested domain.
 
-Teardown after the main process exits, on timeout, or on a signal to corral:
-kill the cgroup, wait until it is empty, read the kernel's counters, remove
-the cgroup. If corral itself is SIGKILLed, bwrap's --die-with-parent kills the
+Teardown after the command exits (the init then holds the namespace until the
+host has counted the leftovers; see RunningSandbox), on timeout, or on a
+signal to corral: kill the cgroup, wait until it is empty, read the kernel's
+counters, remove the cgroup. If corral itself is SIGKILLed, bwrap's --die-with-parent kills the
 namespace's pid 1, and the kernel then kills every process in the PID
 namespace; the empty cgroup is swept by the next corral start.
 """
@@ -932,7 +933,7 @@ def preview_argv(spec: SandboxSpec, *, root: bool | None = None) -> list[str]:
         bw.StagedBind(mounts.staged_path(i) if root else p, p, w) for i, (p, w) in enumerate(binds)
     ]
     init_argv, init_files, init_binds = init_command(
-        spec, binary=init_binary(cache_dir()), abi=landlock.abi_version(), status_fd=3
+        spec, binary=init_binary(cache_dir()), abi=landlock.abi_version(), status_fd=3, hold_fd=4
     )
     dests = ["/etc/passwd", "/etc/group", "/etc/hosts", *(d for d, _ in init_files)]
     plan = bw.BwrapPlan(
@@ -947,5 +948,6 @@ def preview_argv(spec: SandboxSpec, *, root: bool | None = None) -> list[str]:
         sandbox_uid=INSIDE_UID,
         sandbox_gid=INSIDE_UID,
         seccomp_fd=15,
+        json_status_fd=5,
     )
     return bw.build_argv(plan)
