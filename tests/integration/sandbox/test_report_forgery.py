@@ -82,7 +82,7 @@ def test_command_cannot_signal_the_init(
     # A stopped init would never reap the command (timeout); a killed one
     # turns the status into 137. The nested domain's SCOPE_SIGNAL refuses both.
     result = _run(
-        workspace, kind, "sh", "-c", f"kill -{sig.name[3:]} $PPID; echo $? > rc; exit 3", timeout=8
+        workspace, kind, "sh", "-c", f"kill -{sig.name[3:]} $PPID; echo $? > rc; exit 3", timeout=20
     )
     assert (result.exit, result.reason) == (3, "exited")
     assert (workspace / "rc").read_text().strip() != "0"
