@@ -803,9 +803,8 @@ class RunningSandbox:
         wall = time.monotonic() - self.started
         exits = [e for e in self.events if e.get("event") == "exit"]
         # The init writes one exit event; several mean one was written for it.
-        exit_ev = (
-            exits[0] if len(exits) == 1 else {"event": "exit", "code": None} if exits else None
-        )
+        several: dict[str, object] = {"event": "exit", "code": None}
+        exit_ev = exits[0] if len(exits) == 1 else several if exits else None
         err_ev = next((e for e in self.events if e.get("event") == "error"), None)
         oom = usage.oom_kills if usage else 0
         code, reason, message = decide_exit(
