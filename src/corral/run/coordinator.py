@@ -60,6 +60,7 @@ from corral.run.report import render_report
 from corral.run.runcg import RunCgroup
 from corral.run.store import CheckResult, RunLock, Store
 from corral.sandbox.namespace import ExecResult, NamespaceSandbox, RunningSandbox
+from corral.sandbox.reaper import become_subreaper
 
 if TYPE_CHECKING:
     from corral.broker.journal import Journal
@@ -238,6 +239,7 @@ class Coordinator:
 
         Raises RunLockedError if another coordinator drives this run.
         """
+        become_subreaper()
         lock = RunLock(self.layout.root)
         lock.acquire(wait_s=3.0)
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -503,7 +505,7 @@ class Coordinator:
             )
             reason = "broker died"
         try:
-            if reason is None or (reason == "broker died" and running.proc.poll() is not None):
+            if reason is None or (reason == "broker died" and running.poll() is not None):
                 result = running.wait()
                 reason = reason or "agent finished"
             else:
@@ -530,7 +532,7 @@ class Coordinator:
     ) -> str | None:
         deadline = time.monotonic() + wall
         last_tick = 0.0
-        while running.proc.poll() is None:
+        while running.poll() is None:
             if self._stopping():
                 return "stopped by the user"
             if time.monotonic() >= deadline:
@@ -652,7 +654,7 @@ class Coordinator:
             product.port,
             product.ready_path,
             product.ready_timeout,
-            alive=lambda: running.proc.poll() is None and not self._stopping(),
+            alive=lambda: running.poll() is None and not self._stopping(),
         )
         if not ready:
             err = _read_tail(self.layout.product_dir(n) / "stderr.log", 600).strip()

@@ -93,6 +93,9 @@ class BwrapPlan:
     seccomp_fd: int | None = None
     info_fd: int | None = None
     block_fd: int | None = None
+    #: bwrap's monitor, outside the sandbox, writes {"child-pid": N} and
+    #: {"exit-code": N} there: the exit status the host trusts.
+    json_status_fd: int | None = None
 
 
 def _depth_key(bind: StagedBind) -> tuple[int, str]:
@@ -151,6 +154,8 @@ def build_argv(plan: BwrapPlan) -> list[str]:
         argv += ["--info-fd", str(plan.info_fd)]
     if plan.block_fd is not None:
         argv += ["--block-fd", str(plan.block_fd)]
+    if plan.json_status_fd is not None:
+        argv += ["--json-status-fd", str(plan.json_status_fd)]
     argv += ["--chdir", spec.workspace, "--"]
     argv += list(plan.init_argv)
     return argv

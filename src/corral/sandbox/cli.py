@@ -78,6 +78,7 @@ def _smoke_test() -> tuple[bool, str]:
     from corral.errors import CorralError
     from corral.sandbox.exec_cli import sandbox_env
     from corral.sandbox.namespace import NamespaceSandbox
+    from corral.sandbox.reaper import become_subreaper
     from corral.sandbox.spec import SandboxSpec
 
     with tempfile.TemporaryDirectory(prefix="corral-doctor-") as ws:
@@ -86,6 +87,7 @@ def _smoke_test() -> tuple[bool, str]:
             argv=("true",), workspace=ws, env=tuple(sorted(sandbox_env("/home/corral", {}).items()))
         )
         try:
+            become_subreaper()
             running = NamespaceSandbox(spec).start()
         except (CorralError, OSError) as exc:
             return False, f"a real sandbox failed to start: {exc}"

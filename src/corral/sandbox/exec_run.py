@@ -138,6 +138,9 @@ def execute(
 
         sys.stdout.write(quote_argv(preview_argv(spec)) + "\n")
         return None
+    from corral.sandbox.reaper import become_subreaper
+
+    become_subreaper()
     run = spec.run_id or f"exec-{os.urandom(4).hex()}"
     with contextlib.ExitStack() as stack:
         journal_path: Path | None = None

@@ -5,14 +5,24 @@
  * compiler is available; the Landlock ruleset is decided on the host by
  * corral.sandbox.landlock.plan() and handed over as numbers:
  *
- *   corral-init STATUS_FD [--ll ABI HANDLED_FS HANDLED_NET SCOPED FLAGS]
+ *   corral-init STATUS_FD [--hold FD] [--ll ABI HANDLED_FS HANDLED_NET SCOPED FLAGS]
  *               [--path MASK PATH]... [--port ACCESS PORT]... -- CMD [ARG...]
  *
+ * 0. makes itself non-dumpable, so the command (same uid, no capabilities)
+ *    cannot open /proc/<init>/mem, /proc/<init>/fd/N or ptrace it;
  * 1. applies Landlock (fail closed: any error -> exit 125, command never runs);
  * 2. resolves CMD on PATH (127 when not found, like sh);
- * 3. forks and execs it, forwarding SIGTERM/SIGINT/SIGHUP;
- * 4. when it exits, counts the other processes of the PID namespace and
- *    writes {"event": "exit", ...} as one JSON line on STATUS_FD.
+ * 3. forks; the child enters a nested Landlock domain (so it can neither
+ *    ptrace nor, with ABI >= 6, signal the init, which stays in the parent
+ *    domain) and execs CMD; the init forwards SIGTERM/SIGINT/SIGHUP;
+ * 4. when CMD exits, writes {"event": "exit", ...} as one JSON line on
+ *    STATUS_FD, then, with --hold, blocks until the host closes FD: the
+ *    namespace (and every leftover process) stays in place while the host
+ *    counts the leftovers in the cgroup; then exits with CMD's status, which
+ *    bwrap's monitor, outside the sandbox, reports to the host.
+ * The report is advisory: the host takes the exit status from bwrap and the
+ * leftovers from the cgroup (see namespace.py, "Where the exit report's
+ * values come from").
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -45,6 +55,7 @@
 #define LL_FILE_RIGHTS ((1ULL << 0) | (1ULL << 1) | (1ULL << 2) | (1ULL << 14) | (1ULL << 15))
 
 static int status_fd = -1;
+static int hold_fd = -1;
 static volatile pid_t child = 0;
 
 struct path_rule { uint64_t mask; const char *path; };
@@ -130,6 +141,23 @@ static int apply_landlock(const uint64_t ll[5], struct path_rule *paths, int npa
     return 0;
 }
 
+/* The command's own domain, nested in the init's: Landlock refuses ptrace-mode
+ * access (ptrace, /proc/<pid>/mem, /proc/<pid>/fd) from a domain to a process
+ * outside it or its descendants, and SCOPE_SIGNAL (ABI >= 6) refuses signals
+ * the same way, so the init, left in the parent domain, is out of reach.
+ * MAKE_BLOCK is handled with no rule (nothing in a sandbox creates block
+ * devices) only because a ruleset must handle something below ABI 6. */
+static int nest_landlock(const uint64_t ll[5]) {
+    uint64_t attr[3] = {1ULL << 11, 0, ll[0] >= 6 ? ll[3] : 0};
+    size_t size = ll[0] >= 6 ? 24 : 8;
+    long fd = syscall(SYS_LL_CREATE_RULESET, attr, size, 0);
+    if (fd < 0) return refuse("landlock", EXIT_REFUSED, "Landlock could not be applied: nested create_ruleset: %s", strerror(errno));
+    if (syscall(SYS_LL_RESTRICT_SELF, fd, (uint32_t)ll[4]) != 0)
+        return refuse("landlock", EXIT_REFUSED, "Landlock could not be applied: nested restrict_self: %s", strerror(errno));
+    close((int)fd);
+    return 0;
+}
+
 static int which(const char *cmd, char *out, size_t cap) {
     if (strchr(cmd, '/')) {
         if (access(cmd, F_OK) != 0) return -1;
@@ -148,22 +176,6 @@ static int which(const char *cmd, char *out, size_t cap) {
         if (!end) return -1;
         p = end + 1;
     }
-}
-
-static int count_others(void) {
-    DIR *d = opendir("/proc");
-    int n = 0;
-    pid_t me = getpid();
-    if (!d) return 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        char *endp;
-        long pid = strtol(e->d_name, &endp, 10);
-        if (*endp || endp == e->d_name) continue;
-        if (pid != 1 && pid != me) n++;
-    }
-    closedir(d);
-    return n;
 }
 
 static void forward(int sig) {
@@ -191,8 +203,17 @@ int main(int argc, char **argv) {
     }
     status_fd = atoi(argv[1]);
     if (status_fd >= 0) fcntl(status_fd, F_SETFD, FD_CLOEXEC);
+    /* Before anything else: while dumpable, a process of the same uid may
+     * write this one's memory through /proc/<pid>/mem (FOLL_FORCE ignores
+     * page protections) and reopen its descriptors through /proc/<pid>/fd. */
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0)
+        return refuse("init", EXIT_REFUSED, "corral-init: prctl(PR_SET_DUMPABLE): %s", strerror(errno));
     for (; i < argc && strcmp(argv[i], "--") != 0; i++) {
-        if (strcmp(argv[i], "--ll") == 0 && i + 5 < argc) {
+        if (strcmp(argv[i], "--hold") == 0 && i + 1 < argc) {
+            hold_fd = atoi(argv[++i]);
+            if (hold_fd < 0 || fcntl(hold_fd, F_SETFD, FD_CLOEXEC) != 0)
+                return refuse(NULL, EXIT_REFUSED, "corral-init: bad --hold descriptor");
+        } else if (strcmp(argv[i], "--ll") == 0 && i + 5 < argc) {
             for (int k = 0; k < 5; k++)
                 if (parse_u64(argv[i + 1 + k], &ll[k])) return refuse("landlock", EXIT_REFUSED, "bad --ll value");
             have_ll = 1;
@@ -231,6 +252,7 @@ int main(int argc, char **argv) {
     pid_t pid = fork();
     if (pid < 0) return refuse(NULL, EXIT_REFUSED, "fork: %s", strerror(errno));
     if (pid == 0) {
+        if (have_ll && nest_landlock(ll) != 0) _exit(EXIT_REFUSED);
         sigprocmask(SIG_SETMASK, &old, NULL);
         execv(path, cmd);
         int err = errno;
@@ -250,7 +272,7 @@ int main(int argc, char **argv) {
     while (waitpid(pid, &status, 0) < 0) {
         if (errno != EINTR) { status = 0; break; }
     }
-    int others = count_others();
+    child = 0; /* reaped: its pid may be reused by a leftover */
     int code, sig = 0;
     if (WIFSIGNALED(status)) {
         sig = WTERMSIG(status);
@@ -258,6 +280,11 @@ int main(int argc, char **argv) {
     } else {
         code = WEXITSTATUS(status);
     }
-    report("{\"event\": \"exit\", \"code\": %d, \"signal\": %d, \"alive\": %d}", code, sig, others);
+    report("{\"event\": \"exit\", \"code\": %d, \"signal\": %d}", code, sig);
+    if (hold_fd >= 0) {
+        char b;
+        /* Any byte or EOF releases; an error (EBADF) must not hang the init. */
+        while (read(hold_fd, &b, 1) < 0 && errno == EINTR) {}
+    }
     return code;
 }

@@ -1,19 +1,26 @@
 """The sandbox's init: runs inside the sandbox, before the user's command.
 
 Started by bubblewrap as `/usr/bin/python3 -I -S /run/corral/init.py
-STATUS_FD LANDLOCK_JSON|- -- ARGV...`; standard library only (no
+STATUS_FD LANDLOCK_JSON|- [--hold FD] -- ARGV...`; standard library only (no
 site-packages exist in there) and as few imports as possible (not even
-`json`: each import is paid on every sandbox's start-up). It
+`json`: each import is paid on every sandbox's start-up). It keeps init.c's
+contract:
 
+0. makes itself non-dumpable, so the command (same uid, no capabilities)
+   can neither write its memory through /proc/<init>/mem nor reopen its
+   descriptors through /proc/<init>/fd;
 1. applies Landlock (rules from CONFIG), failing closed: if Landlock was
    required and cannot be applied, the command never runs (exit 125);
 2. resolves the command on the sandbox's PATH (127 when not found, like sh);
-3. forks and execs the command, forwarding SIGTERM/SIGINT/SIGHUP to it;
-4. when the command exits, counts the processes still alive in the sandbox's
-   PID namespace and reports `{"event": "exit", ...}` as one JSON line on
-   the status fd, then exits with the command's status. Its own exit ends the
-   namespace: the kernel SIGKILLs everything left, and the host kills the
-   cgroup to be sure.
+3. forks; the child enters a nested Landlock domain, out of which neither
+   ptrace-mode access nor (ABI >= 6) signals reach the init; it execs the
+   command while the init forwards SIGTERM/SIGINT/SIGHUP to it;
+4. when the command exits, reports `{"event": "exit", ...}` as one JSON line
+   on the status fd, waits (with --hold) until the host closes FD, so that
+   the leftovers are still in place while the host counts them, then exits
+   with the command's status; bwrap's monitor reports that status to the
+   host from outside the sandbox. Its own exit ends the namespace: the kernel
+   SIGKILLs everything left, and the host kills the cgroup to be sure.
 """
 
 import os
@@ -23,6 +30,7 @@ import sys
 EXIT_REFUSED = 125
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
+_PR_SET_DUMPABLE = 4
 
 
 def _jvalue(value: object) -> str:
@@ -62,20 +70,23 @@ def _which(cmd: str, path: str) -> str | None:
     return None
 
 
-def _count_others() -> int:
-    me = os.getpid()
-    n = 0
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            pid = int(name)
-            if pid not in (1, me):
-                n += 1
-    return n
+def _set_undumpable() -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE)")
 
 
 def main(argv: list[str]) -> int:
+    hold_fd = -1
+    if len(argv) >= 4 and argv[2] == "--hold":
+        hold_fd = int(argv[3])
+        argv = argv[:2] + argv[4:]
     if len(argv) < 4 or argv[2] != "--":
-        sys.stderr.write("corral-init: usage: init.py STATUS_FD LANDLOCK_JSON|- -- ARGV...\n")
+        sys.stderr.write(
+            "corral-init: usage: init.py STATUS_FD LANDLOCK_JSON|- [--hold FD] -- ARGV...\n"
+        )
         return EXIT_REFUSED
     status_fd = int(argv[0])
     rules = None if argv[1] == "-" else argv[1]
@@ -83,13 +94,27 @@ def main(argv: list[str]) -> int:
     if status_fd >= 0:
         # The user's command must not inherit the channel to the host.
         os.set_inheritable(status_fd, False)
+    if hold_fd >= 0:
+        os.set_inheritable(hold_fd, False)
+    try:
+        # While dumpable, a process of the same uid may write this one's
+        # memory through /proc/<pid>/mem (FOLL_FORCE ignores page protections).
+        _set_undumpable()
+    except OSError as exc:
+        msg = f"corral-init: {exc}"
+        _report(
+            status_fd, {"event": "error", "layer": "init", "code": EXIT_REFUSED, "message": msg}
+        )
+        sys.stderr.write(f"corral: {msg}\n")
+        return EXIT_REFUSED
 
     if rules is not None:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         try:
             import landlock  # type: ignore[import-not-found]  # loaded from INIT_DIR
 
-            abi = landlock.apply(landlock.LandlockRules.from_json(rules))
+            ll_rules = landlock.LandlockRules.from_json(rules)
+            abi = landlock.apply(ll_rules)
         except Exception as exc:  # fail closed on any error
             msg = f"Landlock could not be applied: {exc}"
             _report(
@@ -112,6 +137,17 @@ def main(argv: list[str]) -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, fwd)
     pid = os.fork()
     if pid == 0:
+        if rules is not None:
+            try:
+                landlock.nest(ll_rules)
+            except Exception as exc:  # fail closed
+                msg = f"Landlock could not be applied: nested domain: {exc}"
+                _report(
+                    status_fd,
+                    {"event": "error", "layer": "landlock", "code": EXIT_REFUSED, "message": msg},
+                )
+                sys.stderr.write(f"corral: {msg}\n")
+                os._exit(EXIT_REFUSED)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, fwd)
         try:
             os.execv(path, cmd)
@@ -120,7 +156,11 @@ def main(argv: list[str]) -> int:
             os._exit(EXIT_NOT_EXECUTABLE if exc.errno in (13, 8) else EXIT_NOT_FOUND)
     _report(status_fd, {"event": "started", "pid": pid})
 
+    reaped = False
+
     def forward(signum: int, _frame: object) -> None:
+        if reaped:  # its pid may be reused by a leftover
+            return
         try:
             os.kill(pid, signum)
         except ProcessLookupError:
@@ -138,14 +178,23 @@ def main(argv: list[str]) -> int:
             break
         except InterruptedError:
             continue
-    others = _count_others()
+    reaped = True
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         code = 128 + sig
-        _report(status_fd, {"event": "exit", "code": code, "signal": sig, "alive": others})
     else:
+        sig = 0
         code = os.WEXITSTATUS(status)
-        _report(status_fd, {"event": "exit", "code": code, "signal": 0, "alive": others})
+    _report(status_fd, {"event": "exit", "code": code, "signal": sig})
+    if hold_fd >= 0:
+        while True:
+            try:
+                os.read(hold_fd, 1)  # a byte or EOF releases
+                break
+            except InterruptedError:
+                continue
+            except OSError:
+                break
     return code
 
 

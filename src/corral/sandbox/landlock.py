@@ -57,6 +57,8 @@ __all__ = [
     "dump_json",
     "fs_rights",
     "main",
+    "nest",
+    "nested_plan",
     "parse_json",
     "path_access",
     "plan",
@@ -392,6 +394,27 @@ def plan(rules: LandlockRules, abi: int) -> Plan:
     )
 
 
+def nested_plan(outer: Plan) -> Plan:
+    """The ruleset of the command's own domain, nested in the init's `outer` (pure).
+
+    Its only purpose is to be a separate, deeper domain: Landlock refuses
+    ptrace-mode access (ptrace, /proc/<pid>/mem, /proc/<pid>/fd) to a process
+    outside the caller's domain and its descendants, and `outer.scoped`
+    (SCOPE_SIGNAL) refuses signals the same way, so the init stays out of the
+    command's reach. A ruleset must handle something: MAKE_BLOCK, with no
+    rule allowing it, costs nothing (nothing in a sandbox creates block devices).
+    """
+    return Plan(
+        abi=outer.abi,
+        handled_fs=FS_MAKE_BLOCK,
+        handled_net=0,
+        scoped=outer.scoped if outer.abi >= 6 else 0,
+        restrict_flags=outer.restrict_flags,
+        paths=(),
+        ports=(),
+    )
+
+
 # --- the kernel interface -----------------------------------------------------
 
 
@@ -461,6 +484,39 @@ def apply(rules: LandlockRules) -> int:
     finally:
         os.close(ruleset_fd)
     return p.abi
+
+
+def nest(rules: LandlockRules) -> None:
+    """Enter `nested_plan` of `rules` below the current domain (after `apply`).
+
+    Call it in the forked child that execs the command, never in the init.
+    no_new_privs is inherited from `apply`. Raises LandlockError on failure.
+    """
+    p = nested_plan(plan(rules, abi_version()))
+    attr = p.ruleset_attr()
+    attr_buf = ctypes.create_string_buffer(attr, len(attr))
+    ruleset_fd = int(
+        _syscall(
+            ctypes.c_long(_SYS_CREATE_RULESET),
+            attr_buf,
+            ctypes.c_size_t(len(attr)),
+            ctypes.c_uint32(0),
+        )
+    )
+    if ruleset_fd < 0:
+        raise _fail("landlock_create_ruleset(nested)")
+    try:
+        if (
+            _syscall(
+                ctypes.c_long(_SYS_RESTRICT_SELF),
+                ctypes.c_int(ruleset_fd),
+                ctypes.c_uint32(p.restrict_flags),
+            )
+            != 0
+        ):
+            raise _fail("landlock_restrict_self(nested)")
+    finally:
+        os.close(ruleset_fd)
 
 
 def _add_rule(ruleset_fd: int, rule_type: int, buf: ctypes.Array[ctypes.c_char]) -> int:

@@ -13,12 +13,13 @@ Start-up, in order (each step fails closed):
    (`uids.allocate`; as root, bwrap would keep its capabilities), set
    PDEATHSIG; then exec bwrap with the seccomp filter as `--seccomp FD`
    and stdio that holds no terminal (`terminal`);
-4. bwrap builds the namespaces and mounts and runs the init (init.py), which
-   applies Landlock and runs the command.
+4. bwrap builds the namespaces and mounts and runs the init (init.c, or
+   init.py), which applies Landlock and runs the command in a nested domain.
 
-Teardown after the main process exits, on timeout, or on a signal to corral:
-kill the cgroup, wait until it is empty, read the kernel's counters, remove
-the cgroup. If corral itself is SIGKILLed, bwrap's --die-with-parent kills the
+Teardown after the command exits (the init then holds the namespace until the
+host has counted the leftovers; see RunningSandbox), on timeout, or on a
+signal to corral: kill the cgroup, wait until it is empty, read the kernel's
+counters, remove the cgroup. If corral itself is SIGKILLed, bwrap's --die-with-parent kills the
 namespace's pid 1, and the kernel then kills every process in the PID
 namespace; the empty cgroup is swept by the next corral start.
 """
@@ -67,7 +68,6 @@ SANDBOX_HOST_GID = 64000
 #: The uid/gid the command sees inside its user namespace.
 INSIDE_UID = 1000
 INIT_PYTHON = "/usr/bin/python3"
-_SUPPORT_PROCESSES = 3
 _WRITABLE_DEV = (
     "/dev/null",
     "/dev/zero",
@@ -80,7 +80,6 @@ _WRITABLE_DEV = (
     "/dev/shm",
 )
 _PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
 _libc = ctypes.CDLL(None, use_errno=True)
 _SRC_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -180,6 +179,13 @@ def _group() -> bytes:
 
 def _hosts(hostname: str) -> bytes:
     return f"127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost ip6-localhost ip6-loopback\n".encode()
+
+
+def set_pdeathsig(signum: int) -> None:
+    """prctl(PR_SET_PDEATHSIG, signum), checked: raises OSError when the kernel refuses."""
+    if _libc.prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(signum), 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
 
 
 def _memfd(name: str, data: bytes) -> int:
@@ -326,6 +332,7 @@ class NamespaceSandbox:
         cgroup: Cgroup | None = None
         lease: UidLease | None = None
         fds_to_close: list[int] = []
+        host_fds: list[int] = []
         try:
             if layout is not None:
                 with contextlib.suppress(CgroupError, OSError):
@@ -336,14 +343,25 @@ class NamespaceSandbox:
             fds_to_close += attach_fds
 
             status_r, status_w = os.pipe()
-            os.set_inheritable(status_w, True)
             fds_to_close.append(status_w)
+            host_fds.append(status_r)
+            # The host closes hold_w once it has counted the leftovers; until
+            # then the init keeps the namespace (and the leftovers) in place.
+            hold_r, hold_w = os.pipe()
+            fds_to_close.append(hold_r)
+            bwrap_status_r, bwrap_status_w = os.pipe()
+            fds_to_close.append(bwrap_status_w)
+            host_fds += [hold_w, bwrap_status_r]
             err_r, err_w = os.pipe()
             fds_to_close.append(err_w)
-            pass_fds = [status_w]
+            pass_fds = [status_w, hold_r, bwrap_status_w]
 
             init_argv, init_files, init_binds = init_command(
-                spec, binary=binary, abi=self._abi if use_landlock else 0, status_fd=status_w
+                spec,
+                binary=binary,
+                abi=self._abi if use_landlock else 0,
+                status_fd=status_w,
+                hold_fd=hold_r,
             )
             data_files: list[tuple[str, int]] = []
             for dest, content in (
@@ -359,7 +377,9 @@ class NamespaceSandbox:
 
             seccomp_fd = None
             if bpf is not None:
-                seccomp_fd = _memfd("corral-seccomp", bpf)
+                from corral.sandbox import seccomp
+
+                seccomp_fd = seccomp.bpf_fd(bpf)
                 fds_to_close.append(seccomp_fd)
                 pass_fds.append(seccomp_fd)
 
@@ -400,6 +420,7 @@ class NamespaceSandbox:
                 seccomp_fd=seccomp_fd,
                 info_fd=info_fd,
                 block_fd=block_r,
+                json_status_fd=bwrap_status_w,
             )
             argv = bw.build_argv(plan)
             parent = os.getpid()
@@ -417,7 +438,7 @@ class NamespaceSandbox:
                         os.setresgid(host_gid, host_gid, host_gid)
                         os.setresuid(host_uid, host_uid, host_uid)
                     # Set after the uid change, which clears it.
-                    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+                    set_pdeathsig(signal.SIGKILL)
                     if os.getppid() != parent:
                         os._exit(125)
                 except BaseException as exc:
@@ -431,8 +452,6 @@ class NamespaceSandbox:
                 if null_fd is not None:
                     fds_to_close.append(null_fd)
             env = dict(spec.env)
-            # Orphans of the launcher's children come back to corral, not host init.
-            _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
             try:
                 # preexec_fn runs Python between fork and exec. That is safe
                 # even when the caller has other threads (the coordinator
@@ -470,8 +489,11 @@ class NamespaceSandbox:
                 started=started,
                 spec=spec,
                 uid_lease=lease,
+                hold_fd=hold_w,
+                bwrap_status_fd=bwrap_status_r,
             )
             lease = None
+            host_fds = []
             if self._network_hook is not None:
                 assert info_r is not None and block_w is not None
                 try:
@@ -487,7 +509,7 @@ class NamespaceSandbox:
                     os.close(block_w)
             return running
         except BaseException:
-            for fd in fds_to_close:
+            for fd in fds_to_close + host_fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
             if cgroup is not None:
@@ -532,8 +554,117 @@ def _etc_entries() -> tuple[str, ...]:
     return tuple(e for e in bw.ETC_ALLOWLIST if os.path.lexists(f"/etc/{e}"))
 
 
+def decide_exit(
+    *,
+    host_code: int | None,
+    bwrap_rc: int | None,
+    exit_ev: dict[str, object] | None,
+    err_ev: dict[str, object] | None,
+    oom_kills: int,
+    timed_out: bool,
+    interrupted: int,
+) -> tuple[int, str, str]:
+    """(exit status, reason, message) of a finished sandbox (pure).
+
+    The status is bwrap's (`host_code`, from its monitor outside the
+    sandbox); the init's events only name the reason and carry a message.
+    The two must agree: an exit event with another code, or status 0 with no
+    exit event (the init writes one before every exit 0), means something in
+    the sandbox rewrote one of them (possible only when Landlock is degraded:
+    bwrap's pid 1 is then reachable), and the outcome fails closed (125).
+    """
+    if timed_out:
+        return 124, "timeout", ""
+    if interrupted:
+        return 128 + interrupted, "killed", ""
+    if host_code is not None:
+        if host_code == 128 + signal.SIGKILL and oom_kills > 0:
+            return host_code, "oom", ""
+        if err_ev is not None and err_ev.get("code") == host_code:
+            reason = "refused" if host_code == 125 else "exited"
+            return host_code, reason, str(err_ev.get("message", ""))
+        said = exit_ev.get("code") if exit_ev is not None else None
+        if (exit_ev is not None and said != host_code) or (host_code == 0 and exit_ev is None):
+            return (
+                125,
+                "refused",
+                f"the sandbox's exit reports disagree (init: {said!r}, bwrap: {host_code});"
+                " treated as a failure",
+            )
+        if host_code > 128 and (exit_ev is None or exit_ev.get("signal") == host_code - 128):
+            # The command was killed by that signal, or the init itself was.
+            return host_code, "killed", ""
+        return host_code, "exited", ""
+    if oom_kills > 0:
+        return 137, "oom", ""
+    if bwrap_rc is not None and bwrap_rc < 0:
+        return 128 - bwrap_rc, "killed", ""
+    return 125, "refused", f"the sandbox failed to start (bwrap exit status {bwrap_rc})"
+
+
+def count_leftovers(
+    procs: dict[int, tuple[int, tuple[int, ...]]], *, monitor: int, pid1: int | None
+) -> int:
+    """How many of the cgroup's processes belong to the command (pure).
+
+    `procs` maps each host pid in the sandbox's cgroup to (ppid, NSpid) as
+    the host's /proc shows them. The support processes are identified by
+    pid, never by a number the sandbox reports: bwrap's monitor (corral's
+    child, outside the PID namespace), the namespace's pid 1 (bwrap's
+    child-pid, reported by the monitor) and the init (pid 1's child that is
+    pid 2 in the namespace: pid 1 forks it first, and the pid stays the
+    init's while it is alive). Everything else is the command's.
+    """
+    if pid1 is None:
+        pid1 = next((p for p, (_, ns) in procs.items() if ns[1:2] == (1,)), None)
+    support = {monitor}
+    if pid1 is not None:
+        support.add(pid1)
+        support.update(p for p, (pp, ns) in procs.items() if pp == pid1 and ns[1:2] == (2,))
+    return sum(1 for p in procs if p not in support)
+
+
+def _proc_identity(pid: int) -> tuple[int, tuple[int, ...]] | None:
+    ppid = -1
+    nspid: tuple[int, ...] = ()
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"PPid:"):
+                    ppid = int(line.split()[1])
+                elif line.startswith(b"NSpid:"):
+                    nspid = tuple(int(x) for x in line.split()[1:])
+    except (OSError, ValueError):
+        return None  # exited meanwhile: not a leftover
+    return ppid, nspid
+
+
 class RunningSandbox:
-    """A started sandbox: wait for it, kill it, read its usage. Call close() last."""
+    """A started sandbox: wait for it, kill it, read its usage. Call close() last.
+
+    Where the exit report's values come from (the init is inside the sandbox,
+    so nothing it says is trusted):
+
+    - exit status: bwrap's monitor, which runs outside the sandbox's
+      namespaces as corral's child, writes `{"exit-code": N}` on
+      --json-status-fd when the namespace's pid 1 (bwrap's own init) sees
+      its first child, corral's init, exit; the init exits with the
+      command's status. The command cannot reach the monitor (another PID
+      namespace, parent user namespace) nor pid 1 (pid 1 ignores signals
+      from its namespace; Landlock refuses ptrace-mode access to a process
+      outside the caller's domain), nor the init (non-dumpable, and the
+      command runs in a nested Landlock domain: no ptrace, no /proc/<pid>/mem
+      or /proc/<pid>/fd, no signals with ABI >= 6). Killing or stopping the
+      init can only turn the status into 137 or a timeout, never a success.
+    - processes_killed_at_end: counted by the host in the cgroup's
+      cgroup.procs, support processes identified by pid (`count_leftovers`),
+      while the init holds the namespace after the command's exit (the init
+      waits until the host closes the hold pipe). A forged or early "exit"
+      event could only make the count larger.
+    - cpu, memory, OOM kills, pids-limit hits: the kernel's cgroup counters.
+    - the init's events only add a message or a reason ("killed" when they
+      agree with the host's exit status); they never change a number.
+    """
 
     def __init__(
         self,
@@ -545,42 +676,73 @@ class RunningSandbox:
         started: float,
         spec: SandboxSpec,
         uid_lease: UidLease | None = None,
+        hold_fd: int = -1,
+        bwrap_status_fd: int = -1,
     ) -> None:
         self.proc = proc
         #: The host uid/gid this sandbox holds (None when corral is not root).
         self.uid_lease = uid_lease
         self.cgroup = cgroup
         self._status_fd = status_fd
+        self._hold_fd = hold_fd
+        self._bwrap_fd = bwrap_status_fd
         self.layers = layers
         self.started = started
         self.spec = spec
         self._status_buf = b""
+        self._bwrap_buf = b""
+        self._status_eof = False
         self.events: list[dict[str, object]] = []
+        #: What bwrap's monitor reported: "child-pid", "exit-code".
+        self.bwrap_status: dict[str, int] = {}
         self._closed = False
-        self._alive_at_kill = 0
+        self._leftovers: int | None = None
         os.set_blocking(status_fd, False)
+        if bwrap_status_fd >= 0:
+            os.set_blocking(bwrap_status_fd, False)
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
-    def _drain_status(self) -> None:
+    @staticmethod
+    def _read_lines(fd: int, buf: bytes) -> tuple[list[bytes], bytes, bool]:
+        eof = False
         while True:
             try:
-                chunk = os.read(self._status_fd, 65536)
-            except BlockingIOError:
-                break
-            except OSError:
+                chunk = os.read(fd, 65536)
+            except OSError:  # BlockingIOError included
                 break
             if not chunk:
+                eof = True
                 break
-            self._status_buf += chunk
-        *lines, self._status_buf = self._status_buf.split(b"\n")
-        for line in lines:
-            with contextlib.suppress(ValueError):
-                ev = json.loads(line)
-                if isinstance(ev, dict):
-                    self.events.append(ev)
+            buf += chunk
+            if len(buf) > 1 << 20:  # a flood: keep the newest megabyte
+                buf = buf[-(1 << 20) :]
+        *lines, buf = buf.split(b"\n")
+        return lines, buf, eof
+
+    def _drain_status(self) -> None:
+        if not self._status_eof:
+            lines, self._status_buf, self._status_eof = self._read_lines(
+                self._status_fd, self._status_buf
+            )
+            for line in lines:
+                with contextlib.suppress(ValueError):
+                    ev = json.loads(line)
+                    if isinstance(ev, dict):
+                        self.events.append(ev)
+        if self._bwrap_fd >= 0:
+            lines, self._bwrap_buf, _ = self._read_lines(self._bwrap_fd, self._bwrap_buf)
+            for line in lines:
+                with contextlib.suppress(ValueError):
+                    ev = json.loads(line)
+                    if not isinstance(ev, dict):
+                        continue
+                    for key in ("child-pid", "exit-code"):
+                        val = ev.get(key)
+                        if isinstance(val, int) and key not in self.bwrap_status:
+                            self.bwrap_status[key] = val
 
     def usage(self) -> CgroupUsage | None:
         return self.cgroup.usage() if self.cgroup else None
@@ -603,20 +765,62 @@ class RunningSandbox:
             raise CgroupError(0, "freezer unavailable")
         _write_text(os.path.join(self.cgroup.dirs["freezer"], "freezer.state"), "THAWED")
 
+    def _release(self) -> None:
+        if self._hold_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._hold_fd)
+            self._hold_fd = -1
+
+    def _step(self) -> None:
+        self._drain_status()
+        if self._hold_fd >= 0 and any(e.get("event") == "exit" for e in self.events):
+            self._count_leftovers()
+            self._release()
+
+    def poll(self) -> int | None:
+        """bwrap's exit status once it has exited, else None; never blocks.
+
+        A caller that watches the sandbox itself must use this, not
+        `proc.poll()`: when the command has exited, this is what counts the
+        leftovers and releases the init, which holds the namespace until then.
+        """
+        self._step()
+        return self.proc.poll()
+
     def wait(self, timeout_s: float | None = None) -> ExecResult:
-        """Wait for the main process (or the timeout), then tear everything down."""
+        """Wait for the main process (or the timeout), then tear everything down.
+
+        When the init says the command exited, the host counts the leftovers
+        (the init is holding the namespace), then releases the init.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         timed_out = False
+        if self.poll() is not None:  # already reaped: there is no pid to watch
+            return self._finish(timed_out=False)
+        pidfd = os.pidfd_open(self.proc.pid)
         try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            self._count_before_kill()
+            while self.poll() is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    timed_out = True
+                    break
+                watch = [pidfd] if self._status_eof else [pidfd, self._status_fd]
+                select.select(watch, [], [], left)
+        finally:
+            os.close(pidfd)
+        if timed_out:
+            self._count_leftovers()
             self.kill_all()
             self.proc.wait()
         return self._finish(timed_out=timed_out)
 
     def _finish(self, *, timed_out: bool, interrupted: int = 0) -> ExecResult:
         self._drain_status()
+        if self._leftovers is None:
+            # No "exit" event (the init died or never started the command):
+            # whatever is still in the cgroup is counted, a lower bound.
+            self._count_leftovers()
+        self._release()
         if self.cgroup is not None:
             with contextlib.suppress(CgroupError):
                 self.cgroup.kill()
@@ -624,45 +828,28 @@ class RunningSandbox:
         usage = self.usage()
         self._drain_status()
         wall = time.monotonic() - self.started
-        exit_ev = next((e for e in self.events if e.get("event") == "exit"), None)
+        exits = [e for e in self.events if e.get("event") == "exit"]
+        # The init writes one exit event; several mean one was written for it.
+        several: dict[str, object] = {"event": "exit", "code": None}
+        exit_ev = exits[0] if len(exits) == 1 else several if exits else None
         err_ev = next((e for e in self.events if e.get("event") == "error"), None)
-        started = any(e.get("event") == "started" for e in self.events)
         oom = usage.oom_kills if usage else 0
-        alive = int(exit_ev.get("alive", 0)) if exit_ev else 0  # type: ignore[call-overload]
-        alive = max(alive, self._alive_at_kill)
-        message = ""
-        if timed_out:
-            code, reason = 124, "timeout"
-        elif interrupted:
-            code, reason = 128 + interrupted, "killed"
-        elif exit_ev is not None:
-            code = int(exit_ev["code"])  # type: ignore[call-overload]
-            sig = int(exit_ev.get("signal", 0))  # type: ignore[call-overload]
-            if sig == signal.SIGKILL and oom > 0:
-                code, reason = 137, "oom"
-            elif sig:
-                reason = "killed"
-            else:
-                reason = "exited"
-        elif err_ev is not None:
-            code = int(err_ev.get("code", 125))  # type: ignore[call-overload]
-            reason = "refused" if code == 125 else "exited"
-            message = str(err_ev.get("message", ""))
-        elif oom > 0:
-            code, reason = 137, "oom"
-        elif started:
-            rc = self.proc.returncode
-            code, reason = (rc if rc and rc > 0 else 128 + signal.SIGKILL), "killed"
-        else:
-            code, reason = 125, "refused"
-            message = f"the sandbox failed to start (bwrap exit status {self.proc.returncode})"
+        code, reason, message = decide_exit(
+            host_code=self.bwrap_status.get("exit-code"),
+            bwrap_rc=self.proc.returncode,
+            exit_ev=exit_ev,
+            err_ev=err_ev,
+            oom_kills=oom,
+            timed_out=timed_out,
+            interrupted=interrupted,
+        )
         return ExecResult(
             exit=code,
             reason=reason,
             wall_s=wall,
             cpu_s=usage.cpu_s if usage else 0.0,
             peak_memory_bytes=usage.peak_memory_bytes if usage else 0,
-            processes_killed_at_end=alive,
+            processes_killed_at_end=self._leftovers or 0,
             layers=self.layers,
             oom_kills=oom,
             pids_limit_hits=usage.pids_limit_hits if usage else 0,
@@ -670,15 +857,22 @@ class RunningSandbox:
             events=tuple(self.events),
         )
 
-    def _count_before_kill(self) -> None:
-        # The cgroup also holds bwrap's monitor, the namespace's pid 1 and
-        # the init; what is left are the command's processes.
-        if self.cgroup is not None:
-            self._alive_at_kill = max(0, len(self.cgroup.pids()) - _SUPPORT_PROCESSES)
+    def _count_leftovers(self) -> None:
+        if self.cgroup is None:
+            return
+        self._drain_status()
+        procs: dict[int, tuple[int, tuple[int, ...]]] = {}
+        with contextlib.suppress(CgroupError, OSError):
+            for pid in self.cgroup.pids():
+                ident = _proc_identity(pid)
+                if ident is not None:
+                    procs[pid] = ident
+        n = count_leftovers(procs, monitor=self.proc.pid, pid1=self.bwrap_status.get("child-pid"))
+        self._leftovers = max(n, self._leftovers or 0)
 
     def interrupt(self, signum: int) -> ExecResult:
         """Corral got a signal: kill everything and report it."""
-        self._count_before_kill()
+        self._count_leftovers()
         self.kill_all()
         self.proc.wait()
         return self._finish(timed_out=False, interrupted=signum)
@@ -690,6 +884,7 @@ class RunningSandbox:
         self._closed = True
         emptied = False
         try:
+            self._release()
             if self.proc.poll() is None:
                 self.kill_all()
                 self.proc.wait()
@@ -697,8 +892,10 @@ class RunningSandbox:
                 self.cgroup.remove()
                 emptied = True
         finally:
-            with contextlib.suppress(OSError):
-                os.close(self._status_fd)
+            for fd in (self._status_fd, self._bwrap_fd):
+                if fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
             if self.uid_lease is not None:
                 # Unless the cgroup was removed (so nothing of the sandbox
                 # is left), the next holder scans /proc before reusing it.
@@ -706,16 +903,18 @@ class RunningSandbox:
 
 
 def init_command(
-    spec: SandboxSpec, *, binary: str | None, abi: int, status_fd: int
+    spec: SandboxSpec, *, binary: str | None, abi: int, status_fd: int, hold_fd: int | None = None
 ) -> tuple[tuple[str, ...], list[tuple[str, bytes]], tuple[tuple[str, str], ...]]:
     """How bwrap starts the init: (argv, files to place, read-only binds).
 
     `abi` 0 means no Landlock. The compiled init gets the ruleset decided here
     by `landlock.plan` as numbers; the Python init gets the rules as JSON and
-    its landlock module.
+    its landlock module. With `hold_fd` the init waits, after the command
+    exits, until the host closes that pipe (see RunningSandbox.wait).
     """
+    hold = ("--hold", str(hold_fd)) if hold_fd is not None else ()
     if binary is not None:
-        args: list[str] = []
+        args: list[str] = [*hold]
         if abi:
             from corral.sandbox import landlock
 
@@ -748,6 +947,7 @@ def init_command(
         f"{bw.INIT_DIR}/init.py",
         str(status_fd),
         rules,
+        *hold,
         "--",
         *spec.argv,
     )
@@ -765,7 +965,7 @@ def preview_argv(spec: SandboxSpec, *, root: bool | None = None) -> list[str]:
         bw.StagedBind(mounts.staged_path(i) if root else p, p, w) for i, (p, w) in enumerate(binds)
     ]
     init_argv, init_files, init_binds = init_command(
-        spec, binary=init_binary(cache_dir()), abi=landlock.abi_version(), status_fd=3
+        spec, binary=init_binary(cache_dir()), abi=landlock.abi_version(), status_fd=3, hold_fd=4
     )
     dests = ["/etc/passwd", "/etc/group", "/etc/hosts", *(d for d, _ in init_files)]
     plan = bw.BwrapPlan(
@@ -780,5 +980,6 @@ def preview_argv(spec: SandboxSpec, *, root: bool | None = None) -> list[str]:
         sandbox_uid=INSIDE_UID,
         sandbox_gid=INSIDE_UID,
         seccomp_fd=15,
+        json_status_fd=5,
     )
     return bw.build_argv(plan)

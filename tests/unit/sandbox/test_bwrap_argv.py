@@ -170,3 +170,10 @@ def test_ro_binds_follow_data_files_before_user_binds() -> None:
         "/run/corral/init",
     ]
     assert argv.index("/etc/passwd") < i < argv.index("/work/p")
+
+
+def test_json_status_fd_before_the_command() -> None:
+    argv = build_argv(_plan(json_status_fd=13))
+    i = argv.index("--json-status-fd")
+    assert argv[i + 1] == "13"
+    assert i < argv.index("--chdir")

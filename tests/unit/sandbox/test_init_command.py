@@ -44,3 +44,10 @@ def test_dev_is_read_only_but_devices_writable() -> None:
     assert "/dev" in rules["read_only"]  # type: ignore[operator]
     assert "/dev/null" in rules["read_write"]  # type: ignore[operator]
     assert "/dev" not in rules["read_write"]  # type: ignore[operator]
+
+
+def test_hold_fd_reaches_both_inits() -> None:
+    argv, _, _ = init_command(SPEC, binary="/b", abi=0, status_fd=3, hold_fd=5)
+    assert argv == ("/run/corral/init", "3", "--hold", "5", "--", "echo", "hi")
+    argv, _, _ = init_command(SPEC, binary=None, abi=0, status_fd=3, hold_fd=5)
+    assert argv[4:] == ("3", "-", "--hold", "5", "--", "echo", "hi")

@@ -11,6 +11,7 @@ from corral.verify.probes import (
     presentation,
     privilege,
     processes,
+    report_forgery,
     resources,
     secrets,
     terminal_and_uids,
@@ -35,6 +36,7 @@ def all_probes() -> list[Probe]:
         *usability.PROBES,
         *presentation.PROBES,
         *terminal_and_uids.PROBES,
+        *report_forgery.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:

@@ -1,0 +1,138 @@
+"""Issue 9 item 15: what is tested is what ships (seccomp fd, prctl checks, subreaper).
+
+- the BPF descriptor bwrap reads is `seccomp.bpf_fd`'s sealed memfd: the
+  host opens the very descriptor in the running bwrap monitor and asks the
+  kernel for its seals, and a write through it fails;
+- a PR_SET_PDEATHSIG the kernel refuses aborts the launch with a clear error;
+- `NamespaceSandbox.start()` no longer makes its caller a subreaper; the
+  `corral exec` entry point (`execute`) does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from corral.errors import SandboxStartError
+from corral.sandbox import namespace
+from corral.sandbox.exec_cli import sandbox_env
+from corral.sandbox.namespace import NamespaceSandbox
+from corral.sandbox.spec import SandboxSpec
+
+pytestmark = [pytest.mark.requires_sandbox, pytest.mark.timeout(60)]
+
+_ALL_SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+
+
+def _spec(ws: Path, *argv: str) -> SandboxSpec:
+    return SandboxSpec(
+        argv=argv, workspace=str(ws), env=tuple(sorted(sandbox_env("/home/corral", {}).items()))
+    )
+
+
+def _ppid(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("PPid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no PPid for {pid}")
+
+
+def test_bwrap_reads_a_sealed_bpf_memfd(workspace: Path) -> None:
+    seen: list[tuple[int, int | None]] = []
+
+    def inspect(child_pid: int) -> None:
+        # bwrap's child is blocked on --block-fd here, before it reads the
+        # BPF program; it (and maybe still the monitor) holds the descriptor.
+        links = [
+            f"/proc/{pid}/fd/{name}"
+            for pid in (_ppid(child_pid), child_pid)
+            for name in os.listdir(f"/proc/{pid}/fd")
+        ]
+        for link in links:
+            with contextlib.suppress(OSError):
+                if not os.readlink(link).startswith("/memfd:corral-seccomp"):
+                    continue
+            fd = os.open(link, os.O_RDONLY)
+            try:
+                seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+            finally:
+                os.close(fd)
+            try:
+                wfd = os.open(link, os.O_WRONLY)
+            except OSError as exc:
+                seen.append((seals, exc.errno))
+                continue
+            try:
+                os.write(wfd, b"\0" * 8)
+                seen.append((seals, None))
+            except OSError as exc:
+                seen.append((seals, exc.errno))
+            finally:
+                os.close(wfd)
+
+    running = NamespaceSandbox(_spec(workspace, "true"), network_hook=inspect).start()
+    try:
+        result = running.wait(30)
+    finally:
+        running.close()
+    assert result.exit == 0
+    assert seen, "bwrap held no corral-seccomp memfd"
+    for seals, write_err in seen:
+        assert seals & _ALL_SEALS == _ALL_SEALS, hex(seals)
+        assert write_err == errno.EPERM
+
+
+def test_refused_pdeathsig_aborts_the_launch(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = namespace.set_pdeathsig
+    # The kernel refuses a signal number past _NSIG: a real failing prctl.
+    monkeypatch.setattr(namespace, "set_pdeathsig", lambda _sig: real(4096))
+    marker = workspace / "ran"
+    with pytest.raises(SandboxStartError, match=r"PR_SET_PDEATHSIG"):
+        NamespaceSandbox(_spec(workspace, "touch", str(marker))).start()
+    assert not marker.exists()
+
+
+def test_set_pdeathsig_checks_the_kernel() -> None:
+    with pytest.raises(OSError) as info:
+        namespace.set_pdeathsig(4096)
+    assert info.value.errno == errno.EINVAL
+
+
+_SUBREAPER_AFTER = """
+import sys
+from corral.sandbox.exec_cli import sandbox_env
+from corral.sandbox.reaper import is_subreaper
+from corral.sandbox.spec import SandboxSpec
+spec = SandboxSpec(argv=("true",), workspace=sys.argv[2],
+                   env=tuple(sorted(sandbox_env("/home/corral", {}).items())))
+if sys.argv[1] == "start":
+    from corral.sandbox.namespace import NamespaceSandbox
+    r = NamespaceSandbox(spec).start()
+    r.wait(30)
+    r.close()
+else:
+    from corral.sandbox.exec_run import execute
+    execute(spec, journal=None, dry_run=False, interrupted_exc=KeyboardInterrupt)
+print("subreaper" if is_subreaper() else "not-subreaper")
+"""
+
+
+@pytest.mark.parametrize(("how", "want"), [("start", "not-subreaper"), ("exec", "subreaper")])
+def test_subreaper_is_set_by_the_entry_point(how: str, want: str, workspace: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _SUBREAPER_AFTER, how, str(workspace)],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=False,
+    )
+    assert proc.stdout.strip().splitlines()[-1:] == [want], proc.stderr
