@@ -1,0 +1,162 @@
+"""M13: a sandbox cannot leave a setuid/setgid (or file-capability) file on the host.
+
+Each test performs the attack through the real `corral exec` and judges by
+what the host sees afterwards: the on-disk mode (lstat on the host), and for
+the setuid copy of `id`, what it reports when another local user runs it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .conftest import ExecFn
+
+pytestmark = [pytest.mark.requires_sandbox]
+
+SETID = stat.S_ISUID | stat.S_ISGID
+
+# Every way a program asks for the bits: the chmod family (incl. fchmodat2 by
+# number), the open family with O_CREAT/O_TMPFILE, mkdir, mknod, and the tools
+# (cp -p of a setuid system binary, install -m, tar -p).
+ATTACK = r"""
+import ctypes, os, shutil, subprocess, sys
+libc = ctypes.CDLL(None, use_errno=True)
+AT_FDCWD = -100
+def sc(*a):
+    r = libc.syscall(*a)
+    return "OK" if r >= 0 else os.strerror(ctypes.get_errno())
+def tried(name, fn):
+    try:
+        fn(); print(name, "OK")
+    except OSError as e:
+        print(name, e.strerror)
+shutil.copy("/usr/bin/id", "chmod_suid")
+tried("chmod", lambda: os.chmod("chmod_suid", 0o4755))
+shutil.copy("/usr/bin/id", "fchmod_sgid")
+fd = os.open("fchmod_sgid", os.O_RDONLY)
+tried("fchmod", lambda: os.fchmod(fd, 0o2755))
+shutil.copy("/usr/bin/id", "fchmodat2")
+print("fchmodat2", sc(452, AT_FDCWD, b"fchmodat2", 0o4755, 0))
+print("fchmodat_hi", sc(268, AT_FDCWD, b"chmod_suid", 0xFFFFFFFF00000000 | 0o4755, 0))
+tried("open", lambda: os.close(os.open("open_suid", os.O_CREAT | os.O_WRONLY, 0o4755)))
+tried("tmpfile", lambda: os.close(os.open(".", os.O_TMPFILE | os.O_WRONLY, 0o4700)))
+print("creat", sc(85, b"creat_sgid", 0o2755))
+tried("mkdir", lambda: os.mkdir("mkdir_sgid", 0o2755))
+print("mknod", sc(133, b"mknod_suid", 0o104755, 0))
+print("openat2", sc(437, AT_FDCWD, b"o2", ctypes.create_string_buffer(24), 24))
+for cmd in ("cp -p /usr/bin/su cp_p_su", "install -m 4755 /usr/bin/id install_suid",
+            "mkdir t && cp /usr/bin/id t/x && tar -cf t.tar t && rm -r t"):
+    subprocess.run(["sh", "-c", cmd], stderr=subprocess.DEVNULL)
+"""
+
+
+def _setid_files(root: Path) -> list[str]:
+    bad = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [*dirnames, *filenames]:
+            p = os.path.join(dirpath, name)
+            if os.lstat(p).st_mode & SETID:
+                bad.append(os.path.relpath(p, root))
+    return bad
+
+
+def _results(stdout: str) -> dict[str, str]:
+    out = {}
+    for line in stdout.splitlines():
+        name, _, verdict = line.partition(" ")
+        out[name] = verdict
+    return out
+
+
+def test_no_call_leaves_a_setid_file_on_the_host(corral_exec: ExecFn, workspace: Path) -> None:
+    (workspace / "attack.py").write_text(ATTACK)
+    out = corral_exec("python3", "attack.py")
+    assert out.code == 0, out.stderr
+    res = _results(out.stdout)
+    for name in ("chmod", "fchmod", "fchmodat2", "fchmodat_hi", "open", "tmpfile", "creat"):
+        assert res[name] == "Operation not permitted", (name, res)
+    assert res["mkdir"] == "Operation not permitted" and res["mknod"] == "Operation not permitted"
+    assert res["openat2"] == "Function not implemented"
+    assert (workspace / "cp_p_su").is_file()  # cp -p itself runs, without the bits
+    assert _setid_files(workspace) == []
+
+
+@pytest.fixture
+def public_workspace() -> Iterator[Path]:
+    """A workspace another local user can reach (pytest's tmp_path is 0700)."""
+    ws = Path(tempfile.mkdtemp(prefix="corral-m13-", dir="/tmp"))
+    ws.chmod(0o755)
+    try:
+        yield ws
+    finally:
+        shutil.rmtree(ws, ignore_errors=True)
+
+
+@pytest.mark.requires_root
+def test_setuid_copy_of_id_does_not_run_as_root_for_another_user(
+    corral_exec: ExecFn, public_workspace: Path
+) -> None:
+    out = corral_exec(
+        "sh", "-c", "cp /usr/bin/id suid; chmod 4755 suid; chmod u+s suid", ws=public_workspace
+    )
+    assert out.code != 0  # chmod refused
+    suid = public_workspace / "suid"
+    assert suid.stat().st_uid == 0  # the idmap hands the caller (root) the file
+    ran = subprocess.run(
+        ["runuser", "-u", "nobody", "--", str(suid)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=10,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.startswith("uid=65534") and "euid=0" not in ran.stdout, ran.stdout
+
+
+def test_file_capabilities_cannot_be_set(corral_exec: ExecFn, workspace: Path) -> None:
+    # The sandbox holds no CAP_SETFCAP in its user namespace, so the kernel
+    # refuses security.capability (v2 and the namespaced v3 form) itself.
+    script = (
+        "import os, shutil, struct\n"
+        "shutil.copy('/usr/bin/id', 'capf')\n"
+        "for blob in (struct.pack('<5I', 0x02000001, 1 << 7, 1 << 7, 0, 0),\n"
+        "             struct.pack('<6I', 0x03000001, 1 << 7, 1 << 7, 0, 0, 0)):\n"
+        "    try:\n"
+        "        os.setxattr('capf', 'security.capability', blob); print('OK')\n"
+        "    except OSError as e:\n"
+        "        print(e.strerror)\n"
+    )
+    out = corral_exec("python3", "-c", script)
+    assert out.stdout.split("\n")[:2] == ["Operation not permitted"] * 2, out
+    assert "security.capability" not in os.listxattr(workspace / "capf")
+
+
+def test_hard_link_to_a_host_setuid_binary_is_refused(corral_exec: ExecFn, workspace: Path) -> None:
+    out = corral_exec("sh", "-c", "ln /usr/bin/su su; ln /usr/bin/passwd pw; ls")
+    assert not (workspace / "su").exists() and not (workspace / "pw").exists(), out.stdout
+    assert _setid_files(workspace) == []
+
+
+def test_setid_bits_already_in_the_workspace_are_cleared_after_the_run(
+    corral_exec: ExecFn, workspace: Path
+) -> None:
+    deep = workspace / "a" / "b"
+    deep.mkdir(parents=True)
+    (deep / "pre").write_bytes(b"#!/bin/sh\n")
+    (deep / "pre").chmod(0o6755)
+    (workspace / "a").chmod(0o2755)
+    (workspace / "link").symlink_to("/usr/bin/su")
+    out = corral_exec("true")
+    assert out.code == 0, out.stderr
+    assert _setid_files(workspace) == []
+    assert stat.S_IMODE((deep / "pre").stat().st_mode) == 0o755
+    # The walk never follows a symlink out of the tree.
+    assert os.stat("/usr/bin/su").st_mode & stat.S_ISUID
