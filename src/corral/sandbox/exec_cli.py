@@ -145,10 +145,14 @@ def _within(path: str, tree: str) -> bool:
 
 
 def validate_path(raw: str, what: str, *, writable: bool, home: str) -> str:
-    """Resolve a user path; refuse ones that would expose the host."""
-    path = os.path.realpath(raw)
-    if not os.path.exists(path):
-        raise UsageError(f"{what} {raw} does not exist")
+    """Resolve a user path; refuse ones that would expose the host.
+
+    Resolution follows no symlink but the top-level system aliases (see
+    `grants`): a link a sandbox planted cannot redirect a later grant.
+    """
+    from corral.sandbox.grants import resolve_grant
+
+    path = resolve_grant(raw, what)
     if path == "/":
         raise UsageError(f"{what} cannot be /")
     if _within(home, path):

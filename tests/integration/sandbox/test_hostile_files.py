@@ -160,3 +160,40 @@ def test_setid_bits_already_in_the_workspace_are_cleared_after_the_run(
     assert stat.S_IMODE((deep / "pre").stat().st_mode) == 0o755
     # The walk never follows a symlink out of the tree.
     assert os.stat("/usr/bin/su").st_mode & stat.S_ISUID
+
+
+# --- grants through planted symlinks ---------------------------------------------
+
+
+@pytest.mark.parametrize("flag", ["--ro", "--rw"])
+def test_a_grant_through_a_symlink_the_sandbox_planted_is_refused(
+    corral_exec: ExecFn, workspace: Path, tmp_path: Path, flag: str
+) -> None:
+    sibling = tmp_path / "sibling"
+    sibling.mkdir()
+    (sibling / "secret").write_text("host-secret-5e1f")
+    # Run 1 plants the link; the target is a host directory outside the workspace.
+    planted = corral_exec("ln", "-s", str(sibling), "docs")
+    assert planted.code == 0 and (workspace / "docs").is_symlink(), planted.stderr
+    # Run 2 asks for the planted name, and tries to read and write through it.
+    docs = str(workspace / "docs")
+    out = corral_exec(
+        "sh",
+        "-c",
+        f"cat {docs}/secret; echo pwned > {docs}/dropped",
+        opts=(flag, docs),
+    )
+    assert out.code == 2, out
+    assert "goes through the symlink" in out.stderr and docs in out.stderr
+    assert "host-secret-5e1f" not in out.stdout
+    assert sorted(os.listdir(sibling)) == ["secret"]
+
+
+def test_a_grant_below_a_planted_symlink_is_refused(
+    corral_exec: ExecFn, workspace: Path, tmp_path: Path
+) -> None:
+    sibling = tmp_path / "sibling"
+    (sibling / "deeper").mkdir(parents=True)
+    (workspace / "link").symlink_to(sibling)
+    out = corral_exec("true", opts=("--rw", str(workspace / "link" / "deeper")))
+    assert out.code == 2 and "symlink" in out.stderr, out
