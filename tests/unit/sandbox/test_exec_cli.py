@@ -70,7 +70,7 @@ def test_validate_path_refuses_symlinks(tmp_path: Path) -> None:
     home.mkdir()
     link = tmp_path / "sneaky"
     link.symlink_to(home)
-    with pytest.raises(UsageError, match="goes through the symlink .*sneaky"):
+    with pytest.raises(UsageError, match=r"goes through the symlink .*sneaky"):
         validate_path(str(link), "workspace", writable=True, home=str(home))
     # `..` is resolved on real directories, so it cannot hide a home either.
     (home / "sub").mkdir()
