@@ -198,6 +198,10 @@ def build_spec(ns: argparse.Namespace, cmd: list[str], caller_env: dict[str, str
         binds.append(Bind(validate_path(p, "--ro path", writable=False, home=home), writable=False))
     for p in ns.rw:
         binds.append(Bind(validate_path(p, "--rw path", writable=True, home=home), writable=True))
+    writable = [workspace, *(b.path for b in binds if b.writable)]
+    refuse_corral_state(writable)
+    if ns.journal is not None:
+        refuse_in_writable(ns.journal, "--journal", writable)
     limits = Limits(
         memory_bytes=parse_size(ns.memory) if ns.memory is not None else None,
         pids=_parse_pids(ns.pids) if ns.pids is not None else None,
@@ -206,7 +210,7 @@ def build_spec(ns: argparse.Namespace, cmd: list[str], caller_env: dict[str, str
     )
     spec_home = "/home/corral"
     extra = _setenv(ns.setenv)
-    config_json = broker_config_json(ns.allow, ns.config, workspace)
+    config_json = broker_config_json(ns.allow, ns.config, writable)
     if config_json is not None:
         from corral.sandbox.egress import sandbox_proxy_env
 
@@ -241,21 +245,54 @@ def _setenv(items: list[str]) -> dict[str, str]:
     return out
 
 
-def broker_config_json(allow: list[str], config_path: str | None, workspace: str) -> str | None:
+#: What `corral run` and `corral agent run` keep below a project directory.
+_CORRAL_STATE = (".corral/runs", ".corral/agent")
+
+
+def refuse_in_writable(path: str, what: str, writable: Sequence[str]) -> None:
+    """Refuse a host state file (journal, config) inside a tree the sandbox can write.
+
+    Inside, the sandbox could rewrite it: drop the journal's append-only
+    triggers and its own denials, or grant itself egress for a later run.
+    """
+    from corral.sandbox.placement import writable_tree_of
+
+    tree = writable_tree_of(path, writable)
+    if tree is not None:
+        where = "the workspace" if tree == writable[0] else f"the writable path {tree}"
+        raise UsageError(f"{what} {path} is inside {where}, which the sandbox can write")
+
+
+def refuse_corral_state(writable: Sequence[str]) -> None:
+    """Refuse writable trees that hold corral's run or agent state (journals, reports)."""
+    for tree in writable:
+        for sub in _CORRAL_STATE:
+            if os.path.lexists(os.path.join(tree, sub)):
+                raise UsageError(
+                    f"{tree} contains {sub} (corral's state, journals and reports), which the "
+                    "sandbox could rewrite; use a directory without it"
+                )
+        if os.path.lexists(os.path.join(tree, "state.sqlite")) and os.path.lexists(
+            os.path.join(tree, "run.json")
+        ):
+            raise UsageError(f"{tree} is a corral run directory; use its workspace/ instead")
+
+
+def broker_config_json(
+    allow: list[str], config_path: str | None, writable: Sequence[str]
+) -> str | None:
     """The broker configuration from `--allow` flags and a corral.toml, or None for no egress.
 
-    The config file may not live in the workspace: the sandbox can write
-    there, and must not be able to grant itself egress for a later run.
+    The config file may not live in a writable tree (`writable[0]` is the
+    workspace): the sandbox must not be able to grant itself egress for a
+    later run.
     """
     doc: dict[str, object] = {}
     if config_path is not None:
         real = os.path.realpath(config_path)
         if not os.path.isfile(real):
             raise UsageError(f"--config {config_path} is not a file")
-        if _within(real, workspace):
-            raise UsageError(
-                f"--config {config_path} is inside the workspace, which the sandbox can write"
-            )
+        refuse_in_writable(config_path, "--config", writable)
         import tomllib
 
         try:

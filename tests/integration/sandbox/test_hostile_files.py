@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ExecFn
+from .conftest import ExecFn, corral_argv
 
 pytestmark = [pytest.mark.requires_sandbox]
 
@@ -197,3 +197,70 @@ def test_a_grant_below_a_planted_symlink_is_refused(
     (workspace / "link").symlink_to(sibling)
     out = corral_exec("true", opts=("--rw", str(workspace / "link" / "deeper")))
     assert out.code == 2 and "symlink" in out.stderr, out
+
+
+# --- corral's own state out of the sandbox's reach ---------------------------------
+
+
+def test_a_journal_inside_the_workspace_is_refused(
+    corral_exec: ExecFn, workspace: Path, tmp_path: Path
+) -> None:
+    # From the project directory, `--journal j.sqlite` lands in the workspace.
+    attack = "sqlite3 j.sqlite 'DROP TRIGGER IF EXISTS no_update' ; rm -f j.sqlite; true"
+    proc = subprocess.run(
+        [*corral_argv("--journal", "j.sqlite", "--", "sh", "-c", attack)],
+        cwd=workspace,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "--journal j.sqlite is inside the workspace" in proc.stderr
+    assert not (workspace / "j.sqlite").exists()
+    # The same directory reached through a symlink is the same directory.
+    (tmp_path / "alias").symlink_to(workspace)
+    out = corral_exec("true", opts=("--journal", str(tmp_path / "alias" / "j.sqlite")))
+    assert out.code == 2 and "inside the workspace" in out.stderr, out
+    # A journal in a --rw tree is writable by the sandbox as well.
+    rw = tmp_path / "rw"
+    rw.mkdir()
+    out = corral_exec("true", opts=("--rw", str(rw), "--journal", str(rw / "j.sqlite")))
+    assert out.code == 2 and f"writable path {rw}" in out.stderr, out
+    # Outside every writable tree it works.
+    out = corral_exec("true", opts=("--journal", str(tmp_path / "j.sqlite")))
+    assert out.code == 0 and (tmp_path / "j.sqlite").is_file(), out
+
+
+def test_a_workspace_holding_corral_runs_is_refused(corral_exec: ExecFn, workspace: Path) -> None:
+    run = workspace / ".corral" / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "journal.sqlite").write_bytes(b"precious")
+    out = corral_exec("sh", "-c", "rm -rf .corral")
+    assert out.code == 2 and ".corral/runs" in out.stderr, out
+    assert (run / "journal.sqlite").read_bytes() == b"precious"
+
+
+@pytest.mark.requires_root
+def test_through_a_bind_mount(tmp_path: Path) -> None:
+    import subprocess
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    other = tmp_path / "other"
+    other.mkdir()
+    # A private mount namespace for the bind, in a child: nothing leaks to the host.
+    code = (
+        "import os, sys; from corral.sandbox.placement import writable_tree_of; "
+        f"os.system('mount --bind {ws} {other}'); "
+        f"sys.exit(0 if writable_tree_of('{other}/j.sqlite', ['{ws}']) == '{ws}' else 3)"
+    )
+    proc = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "python3", "-c", code],
+        env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+        capture_output=True,
+        text=True,
+        check=False,
+        executable="/usr/bin/unshare",
+    )
+    assert proc.returncode == 0, proc.stderr
