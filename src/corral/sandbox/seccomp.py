@@ -350,8 +350,6 @@ _MODE_SETTERS: tuple[tuple[str, int, int | None], ...] = (
     ("open", 2, None),
     ("openat", 3, None),
     ("creat", 1, None),
-    ("mkdir", 1, None),
-    ("mkdirat", 2, None),
     ("mknod", 1, None),
     ("mknodat", 2, None),
 )
@@ -367,7 +365,9 @@ def _mode_bit_rules(prefix: str) -> list[SeccompRule]:
     its user namespace, so the kernel lets it set the bits: a setuid-root
     binary for any local user. `nosuid` mounts only protect the sandbox side.
     The open family is refused whenever the bits are present, not only with
-    O_CREAT/O_TMPFILE: no program passes them otherwise. openat2 carries its
+    O_CREAT/O_TMPFILE: no program passes them otherwise. mkdir/mkdirat are
+    not listed: the kernel masks their mode with S_IRWXUGO|S_ISVTX (a new
+    directory is setgid only by inheriting it, and only chmod can set it). openat2 carries its
     mode inside a struct seccomp cannot read, so it answers ENOSYS, which
     makes runtimes fall back to openat (glibc and CPython never call it).
     """

@@ -36,6 +36,7 @@ __all__ = [
     "ProbeLimits",
     "ProbeResult",
     "ReqStatus",
+    "SetIdMode",
     "Skipped",
     "Step",
     "Verdict",
@@ -106,7 +107,9 @@ REQUIREMENTS: dict[str, str] = {**MANDATORY, **USABILITY}
 #: kill-victim: a fresh host process to be signalled; fd: an inherited secret fd;
 #: netns: the canary network namespace; exec-json: `corral exec --json`;
 #: hostgit: corral's host-side git helper; root: the suite runs as root;
-#: faults: the fault injected removes a layer only corral has (peers: not applicable).
+#: faults: the fault injected removes a layer only corral has (peers: not applicable);
+#: corral-options: the attack goes through a `corral exec` option (a grant, the journal
+#: path) that peers do not have (peers: not applicable).
 Need = Literal[
     "broker",
     "journal",
@@ -120,6 +123,7 @@ Need = Literal[
     "root",
     "kernel-audit",
     "faults",
+    "corral-options",
 ]
 
 #: Faults the runner injects around the backend's command line.
@@ -252,6 +256,15 @@ class JournalLacks:
     words: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class SetIdMode:
+    """Fact `key`: whether the host path (not followed) is a regular file or
+    directory carrying S_ISUID or S_ISGID (it is removed afterwards)."""
+
+    key: str
+    path: str
+
+
 Check = (
     PathExists
     | FileChanged
@@ -263,6 +276,7 @@ Check = (
     | TtyInjected
     | KernelLog
     | JournalLacks
+    | SetIdMode
 )
 
 

@@ -7,6 +7,7 @@ from corral.verify.probes import (
     audit,
     files,
     host_integrity,
+    hostile_files,
     network,
     privilege,
     processes,
@@ -31,6 +32,7 @@ def all_probes() -> list[Probe]:
         *privilege.PROBES,
         *audit.PROBES,
         *usability.PROBES,
+        *hostile_files.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:
