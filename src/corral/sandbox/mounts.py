@@ -134,6 +134,9 @@ def stage_bind(index: int, source: str, writable: bool, userns_fd: int) -> str:
     finally:
         os.close(from_fd)
     try:
+        # nosuid only governs exec through this clone, inside the sandbox: the
+        # host's own mount of the same tree still honours a setuid bit, which
+        # is why seccomp refuses the bits and `setid` clears them afterwards.
         attr_set = _MOUNT_ATTR_IDMAP | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV
         if not writable:
             attr_set |= _MOUNT_ATTR_RDONLY

@@ -11,6 +11,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -265,3 +266,30 @@ def test_through_a_bind_mount(tmp_path: Path) -> None:
         executable="/usr/bin/unshare",
     )
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.requires_root
+def test_staging_rechecks_the_grant_after_a_swap(tmp_path: Path) -> None:
+    # `corral exec` checked WS/docs when it was a directory; by the time the
+    # launcher stages the bind, a concurrent sandbox has swapped in a symlink.
+    # The staging step opens the path again under the same rule and refuses.
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "docs").symlink_to("/etc")
+    code = (
+        "import os, sys\n"
+        "from corral.errors import UsageError\n"
+        "from corral.sandbox import mounts\n"
+        "fd = mounts.make_userns_fd(0, 0, 64000, 64000)\n"
+        "mounts.make_private_mount_ns()\n"
+        "try:\n"
+        f"    mounts.stage_bind(0, {str(ws / 'docs')!r}, False, fd)\n"
+        "except UsageError as exc:\n"
+        "    print('refused:', exc); sys.exit(0)\n"
+        "print('staged', sorted(os.listdir(mounts.staged_path(0)))[:3]); sys.exit(1)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=30
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "goes through the symlink" in proc.stdout
