@@ -7,6 +7,7 @@ the setuid copy of `id`, what it reports when another local user runs it.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -17,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from corral.broker.journal import read_rows
 
 from .conftest import ExecFn, corral_argv
 
@@ -148,7 +151,7 @@ def test_hard_link_to_a_host_setuid_binary_is_refused(corral_exec: ExecFn, works
 
 
 def test_setid_bits_already_in_the_workspace_are_cleared_after_the_run(
-    corral_exec: ExecFn, workspace: Path
+    corral_exec: ExecFn, workspace: Path, tmp_path: Path
 ) -> None:
     deep = workspace / "a" / "b"
     deep.mkdir(parents=True)
@@ -156,8 +159,12 @@ def test_setid_bits_already_in_the_workspace_are_cleared_after_the_run(
     (deep / "pre").chmod(0o6755)
     (workspace / "a").chmod(0o2755)
     (workspace / "link").symlink_to("/usr/bin/su")
-    out = corral_exec("true")
+    journal = tmp_path / "j.sqlite"
+    out = corral_exec("true", opts=("--journal", str(journal)))
     assert out.code == 0, out.stderr
+    rows = [r.to_json_dict() for r in read_rows(journal)]
+    stripped = [r for r in rows if "setid_stripped" in json.dumps(r)]
+    assert len(stripped) == 1 and stripped[0]["decision"] == "deny", rows
     assert _setid_files(workspace) == []
     assert stat.S_IMODE((deep / "pre").stat().st_mode) == 0o755
     # The walk never follows a symlink out of the tree.
@@ -293,3 +300,14 @@ def test_staging_rechecks_the_grant_after_a_swap(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "goes through the symlink" in proc.stdout
+
+
+def test_a_tree_too_deep_to_check_fails_closed(corral_exec: ExecFn, workspace: Path) -> None:
+    # The sandbox builds a tree deeper than the walk's bound: corral cannot
+    # vouch for what lies below it, so the run is not reported as clean.
+    script = "import os\nfor _ in range(300):\n    os.mkdir('d'); os.chdir('d')\nprint('deep')\n"
+    out = corral_exec("python3", "-c", script)
+    assert "deep" in out.stdout
+    assert out.code == 125, out
+    assert "cannot clear setuid/setgid bits" in out.stderr
+    assert out.summary.get("exit") == 125
