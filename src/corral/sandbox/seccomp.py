@@ -508,21 +508,26 @@ def cached_bpf(profile: SeccompProfile, cache_dir: str | os.PathLike[str]) -> by
     """`build_bpf(profile)`, compiled once per machine and read back afterwards.
 
     The cache file is trusted only if it is a regular file owned by the
-    effective uid, not writable by group or others, and a structurally valid
-    program; otherwise it is rebuilt and atomically replaced. A cache that
+    effective uid, not writable by group or others, a structurally valid
+    program, and matches the SHA-256 in its `.sha256` sidecar (held to the
+    same checks); otherwise it is rebuilt and atomically replaced. A cache that
     cannot be written is not an error: the freshly built program is returned
     and the next call builds again.
     """
     path = cache_path(profile, cache_dir)
     data = _read_trusted(path)
-    if data is not None:
+    # A structurally valid program can still be a prefix of the real one
+    # (when the table ends in several returns), so its digest must match too.
+    digest = _read_trusted(path + ".sha256", validate=False)
+    if data is not None and digest == hashlib.sha256(data).hexdigest().encode():
         return data
     data = build_bpf(profile)
+    _write_atomic(os.fspath(cache_dir), path + ".sha256", hashlib.sha256(data).hexdigest().encode())
     _write_atomic(os.fspath(cache_dir), path, data)
     return data
 
 
-def _read_trusted(path: str) -> bytes | None:
+def _read_trusted(path: str, *, validate: bool = True) -> bytes | None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -542,7 +547,8 @@ def _read_trusted(path: str) -> bytes | None:
     finally:
         os.close(fd)
     try:
-        validate_bpf(data)
+        if validate:
+            validate_bpf(data)
     except ValueError:
         return None
     return data
