@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 __all__ = ["MAX_DEPTH", "MAX_ENTRIES", "SETID_BITS", "StripReport", "strip_setid"]
@@ -106,22 +107,26 @@ class _Walk:
                 )
             return ""
         top = os.open(self.root, _DIR_FLAGS)
-        # Every descriptor on the stack is open; popping closes it.
-        stack: list[tuple[int, list[str], bytes]] = [(top, [], b"")]
+        # Each level holds its descriptor and a lazy listing (scandir keeps a
+        # duplicate), so a directory with millions of names is never read
+        # into memory at once; popping a level closes both.
+        stack: list[tuple[int, Iterator[os.DirEntry[str]] | None, bytes]] = [(top, None, b"")]
         try:
             st = os.fstat(top)
             if st.st_mode & SETID_BITS:
                 os.chmod(f"/proc/self/fd/{top}", stat.S_IMODE(st.st_mode) & ~SETID_BITS)
                 self.stripped += 1
                 self.examples.append(b".")
-            stack[0] = (top, os.listdir(top), b"")
+            stack[0] = (top, os.scandir(top), b"")
             while stack:
-                dir_fd, names, rel_dir = stack[-1]
-                if not names:
+                dir_fd, listing, rel_dir = stack[-1]
+                assert listing is not None
+                entry = next(listing, None)
+                if entry is None:
                     stack.pop()
-                    os.close(dir_fd)
+                    _close(dir_fd, listing)
                     continue
-                name = names.pop()
+                name = entry.name
                 self.entries += 1
                 if self.entries > self.max_entries:
                     return f"more than {self.max_entries} entries"
@@ -134,12 +139,18 @@ class _Walk:
                     if len(stack) > self.max_depth:
                         return f"deeper than {self.max_depth} directories"
                     sub = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-                    stack.append((sub, [], rel + b"/"))
-                    stack[-1] = (sub, os.listdir(sub), rel + b"/")
+                    stack.append((sub, None, rel + b"/"))
+                    stack[-1] = (sub, os.scandir(sub), rel + b"/")
             return ""
         finally:
-            for fd, _, _ in stack:
-                os.close(fd)
+            for fd, listing, _ in stack:
+                _close(fd, listing)
+
+
+def _close(fd: int, listing: Iterator[os.DirEntry[str]] | None) -> None:
+    if listing is not None:
+        listing.close()  # type: ignore[attr-defined]
+    os.close(fd)
 
 
 def strip_setid(
