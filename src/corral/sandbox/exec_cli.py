@@ -263,8 +263,26 @@ def refuse_in_writable(path: str, what: str, writable: Sequence[str]) -> None:
         raise UsageError(f"{what} {path} is inside {where}, which the sandbox can write")
 
 
-def refuse_corral_state(writable: Sequence[str]) -> None:
-    """Refuse writable trees that hold corral's run or agent state (journals, reports)."""
+def refuse_corral_state(writable: Sequence[str], cache: str | None = None) -> None:
+    """Refuse writable trees that hold corral's state: runs, agent state, its cache.
+
+    The cache (`cache`, default the namespace backend's) holds the compiled
+    init and seccomp filter the next sandbox starts with.
+    """
+    from corral.sandbox.placement import writable_tree_of
+
+    if cache is None:
+        from corral.sandbox.namespace import cache_dir
+
+        cache = cache_dir()
+    tree = writable_tree_of(cache, writable)
+    if tree is None and os.path.isdir(cache):
+        tree = next((t for t in writable if writable_tree_of(t, [cache])), None)
+    if tree is not None:
+        raise UsageError(
+            f"{tree} overlaps corral's cache {cache} (the init and seccomp filter of every "
+            "sandbox); choose another directory"
+        )
     for tree in writable:
         for sub in _CORRAL_STATE:
             if os.path.lexists(os.path.join(tree, sub)):

@@ -311,3 +311,34 @@ def test_a_tree_too_deep_to_check_fails_closed(corral_exec: ExecFn, workspace: P
     assert out.code == 125, out
     assert "cannot clear setuid/setgid bits" in out.stderr
     assert out.summary.get("exit") == 125
+
+
+@pytest.mark.requires_root
+@pytest.mark.parametrize("flag", ["--workspace", "--rw"])
+def test_corral_cache_cannot_be_handed_to_a_sandbox(workspace: Path, flag: str) -> None:
+    # /var/cache/corral holds the compiled init and seccomp filter the next
+    # sandbox starts with; a sandbox that can write it disarms every later one.
+    cache = Path("/var/cache/corral")
+    cache.mkdir(parents=True, exist_ok=True)
+    target = str(cache) if flag == "--workspace" else "/var/cache"
+    planted = f"{target}/planted-by-sandbox-{os.getpid()}"
+    proc = subprocess.run(
+        corral_argv(
+            *((flag, target) if flag == "--rw" else ()),
+            "--workspace",
+            target if flag == "--workspace" else str(workspace),
+            "--",
+            "touch",
+            planted,
+        ),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    landed = os.path.lexists(planted)
+    if landed:
+        os.unlink(planted)
+    assert proc.returncode == 2, proc.stderr
+    assert "overlaps corral's cache" in proc.stderr
+    assert not landed

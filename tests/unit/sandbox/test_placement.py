@@ -52,11 +52,22 @@ def test_corral_state_in_a_writable_tree_is_refused(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     (ws / ".corral" / "runs").mkdir(parents=True)
     with pytest.raises(UsageError, match=r"contains \.corral/runs"):
-        refuse_corral_state([str(ws)])
+        refuse_corral_state([str(ws)], cache=str(tmp_path / "cache"))
     run = tmp_path / "run"
     run.mkdir()
     (run / "state.sqlite").write_bytes(b"")
     (run / "run.json").write_bytes(b"{}")
     with pytest.raises(UsageError, match="run directory"):
-        refuse_corral_state([str(run)])
-    refuse_corral_state([str(run / "..") + "/nothing"])
+        refuse_corral_state([str(run)], cache=str(tmp_path / "cache"))
+    refuse_corral_state([str(run / "..") + "/nothing"], cache=str(tmp_path / "cache"))
+
+
+def test_corral_cache_overlapping_a_writable_tree_is_refused(tmp_path: Path) -> None:
+    cache = tmp_path / "var" / "cache" / "corral"
+    cache.mkdir(parents=True)
+    for tree in (tmp_path / "var", cache, cache / "sub"):
+        tree.mkdir(exist_ok=True)
+        with pytest.raises(UsageError, match="overlaps corral's cache"):
+            refuse_corral_state([str(tmp_path / "ws"), str(tree)], cache=str(cache))
+    (tmp_path / "var" / "other").mkdir()
+    refuse_corral_state([str(tmp_path / "var" / "other")], cache=str(cache))
