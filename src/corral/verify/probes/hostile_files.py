@@ -129,4 +129,22 @@ _GRANTS: tuple[Probe, ...] = (
     ),
 )
 
-PROBES: tuple[Probe, ...] = (*_setid_probes(), *_GRANTS)
+_CACHE = Probe(
+    "hostile-cache-as-workspace",
+    "host-integrity",
+    "M13",
+    "a sandbox given corral's cache (/var/cache/corral: the compiled init and seccomp "
+    "filter of later sandboxes) as its workspace must be refused",
+    code(
+        'p = P["workspace"] + "/" + MARKER\n'
+        'try:\n    open(p, "w").write("x"); print("wrote", p)\n'
+        'except OSError as e:\n    print("refused:", e)\n'
+    ),
+    Fact("planted", "the sandbox wrote into corral's cache"),
+    checks=(PathExists("planted", "/var/cache/corral/{marker}"),),
+    workspace="/var/cache/corral",
+    needs=frozenset({"corral-options", "root"}),
+    refusal_ok=True,
+)
+
+PROBES: tuple[Probe, ...] = (*_setid_probes(), *_GRANTS, _CACHE)
