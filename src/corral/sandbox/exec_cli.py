@@ -290,10 +290,23 @@ def refuse_corral_state(writable: Sequence[str], cache: str | None = None) -> No
                     f"{tree} contains {sub} (corral's state, journals and reports), which the "
                     "sandbox could rewrite; use a directory without it"
                 )
-        if os.path.lexists(os.path.join(tree, "state.sqlite")) and os.path.lexists(
-            os.path.join(tree, "run.json")
-        ):
-            raise UsageError(f"{tree} is a corral run directory; use its workspace/ instead")
+        # A run directory, or any part of one but its workspace (git/ is the
+        # host's trusted repository, sessions/ and report.md the record).
+        # `tree` is a real path, so its string parents are its ancestors.
+        run = tree
+        while True:
+            if os.path.isfile(os.path.join(run, "state.sqlite")) and os.path.isfile(
+                os.path.join(run, "run.json")
+            ):
+                if not _within(tree, os.path.join(run, "workspace")):
+                    raise UsageError(
+                        f"{tree} is inside the corral run directory {run}; only its "
+                        "workspace/ may be handed to a sandbox"
+                    )
+                break
+            if run == "/":
+                break
+            run = os.path.dirname(run)
 
 
 def broker_config_json(

@@ -57,9 +57,16 @@ def test_corral_state_in_a_writable_tree_is_refused(tmp_path: Path) -> None:
     run.mkdir()
     (run / "state.sqlite").write_bytes(b"")
     (run / "run.json").write_bytes(b"{}")
-    with pytest.raises(UsageError, match="run directory"):
-        refuse_corral_state([str(run)], cache=str(tmp_path / "cache"))
-    refuse_corral_state([str(run / "..") + "/nothing"], cache=str(tmp_path / "cache"))
+    (run / "git" / "hooks").mkdir(parents=True)
+    (run / "workspace" / "src").mkdir(parents=True)
+    for inside in (run, run / "git", run / "git" / "hooks"):
+        with pytest.raises(UsageError, match="inside the corral run directory"):
+            refuse_corral_state([str(inside)], cache=str(tmp_path / "cache"))
+    # Its workspace (and anything below) is what sandboxes get anyway.
+    refuse_corral_state([str(run / "workspace")], cache=str(tmp_path / "cache"))
+    refuse_corral_state([str(run / "workspace" / "src")], cache=str(tmp_path / "cache"))
+    (tmp_path / "sibling").mkdir()
+    refuse_corral_state([str(tmp_path / "sibling")], cache=str(tmp_path / "cache"))
 
 
 def test_corral_cache_overlapping_a_writable_tree_is_refused(tmp_path: Path) -> None:
