@@ -342,3 +342,17 @@ def test_corral_cache_cannot_be_handed_to_a_sandbox(workspace: Path, flag: str) 
     assert proc.returncode == 2, proc.stderr
     assert "overlaps corral's cache" in proc.stderr
     assert not landed
+
+
+def test_writable_trees_are_nosuid_inside(
+    corral_exec: ExecFn, workspace: Path, tmp_path: Path
+) -> None:
+    # Defence in depth for the sandbox side only: the host's own mount of the
+    # same tree still honours the bits, which is why they are refused and cleared.
+    rw = tmp_path / "rw"
+    rw.mkdir()
+    out = corral_exec("cat", "/proc/self/mountinfo", opts=("--rw", str(rw)))
+    assert out.code == 0, out.stderr
+    for tree in (str(workspace), str(rw), "/tmp"):
+        (line,) = [ln for ln in out.stdout.splitlines() if ln.split()[4] == tree]
+        assert "nosuid" in line.split()[5].split(","), line
