@@ -115,9 +115,7 @@ def _strip_setid(journal: Journal | None, run: str, spec: SandboxSpec) -> str:
     unchecked = ""
     trees = [spec.workspace, *(b.path for b in spec.binds if b.writable)]
     for tree in trees:
-        if not os.path.isdir(tree):
-            continue
-        rep = strip_setid(tree)
+        rep = strip_setid(tree)  # a `--rw FILE` is checked as a single file
         if rep.stripped or not rep.complete:
             _journal_event(
                 journal,

@@ -356,3 +356,12 @@ def test_writable_trees_are_nosuid_inside(
     for tree in (str(workspace), str(rw), "/tmp"):
         (line,) = [ln for ln in out.stdout.splitlines() if ln.split()[4] == tree]
         assert "nosuid" in line.split()[5].split(","), line
+
+
+def test_a_setid_rw_file_is_cleared(corral_exec: ExecFn, tmp_path: Path) -> None:
+    f = tmp_path / "tool"
+    f.write_bytes(b"#!/bin/sh\n")
+    f.chmod(0o4755)
+    out = corral_exec("true", opts=("--rw", str(f)))
+    assert out.code == 0, out.stderr
+    assert stat.S_IMODE(f.stat().st_mode) == 0o755
