@@ -89,6 +89,7 @@ CLONE_NS = {
     "CLONE_NEWUTS": 0x04000000, "CLONE_NEWIPC": 0x08000000, "CLONE_NEWUSER": 0x10000000,
     "CLONE_NEWPID": 0x20000000, "CLONE_NEWNET": 0x40000000,
 }  # fmt: skip
+AT_FDCWD = (1 << 64) - 100
 U32 = 0xFFFF_FFFF
 
 x86_64_only = pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86_64 syscall numbers")
@@ -275,6 +276,12 @@ def test_each_rule_answers_its_errno(index: int) -> None:
         ("personality", (0,)),
         ("personality", (0x0008,)),  # PER_LINUX32
         ("personality", (0x0002_0000,)),  # UNAME26
+        ("chmod", (0, 0o1777)),  # sticky and rwx bits stay allowed
+        ("fchmodat", (AT_FDCWD, 0, 0o755, 0)),
+        ("openat", (AT_FDCWD, 0, 0o1101, 0o666)),  # O_CREAT|O_TRUNC|O_WRONLY
+        ("mkdirat", (AT_FDCWD, 0, 0o1777)),
+        ("mkdir", (0, 0o2755)),  # the kernel masks S_ISGID/S_ISUID off mkdir
+        ("mknodat", (AT_FDCWD, 0, 0o010644, 0)),  # a FIFO
     ],
 )
 def test_ordinary_calls_are_allowed(name: str, args: tuple[int, ...]) -> None:
@@ -299,6 +306,17 @@ def test_ordinary_calls_are_allowed(name: str, args: tuple[int, ...]) -> None:
         ("personality", (0x8040_0000,), errno.EPERM),  # bit 31 set to dodge the flag rules
         ("personality", (0xFFFF_FFFE,), errno.EPERM),  # almost the query
         ("personality", (0x1_0010_0000,), errno.EPERM),  # MMAP_PAGE_ZERO with upper bits
+        ("chmod", (0, 0o4755), errno.EPERM),
+        ("fchmod", (3, 0o2755), errno.EPERM),
+        ("fchmodat", (AT_FDCWD, 0, 0o6755, 0), errno.EPERM),
+        ("fchmodat2", (AT_FDCWD, 0, 0o4755, 0x100), errno.EPERM),  # AT_SYMLINK_NOFOLLOW
+        ("fchmod", (3, 0xFFFF_FFFF_0000_0800), errno.EPERM),  # S_ISUID with upper bits
+        ("open", (0, 0o100, 0o4755), errno.EPERM),
+        ("openat", (AT_FDCWD, 0, 0o20200000 | 0o2, 0o4700), errno.EPERM),  # O_TMPFILE
+        ("creat", (0, 0o2755), errno.EPERM),
+        ("mknod", (0, 0o104755, 0), errno.EPERM),  # S_IFREG|S_ISUID
+        ("mknodat", (AT_FDCWD, 0, 0o102755, 0), errno.EPERM),
+        ("openat2", (AT_FDCWD, 0, 0, 24), errno.ENOSYS),  # its mode is in memory
     ],
 )
 def test_bypass_attempts_are_denied(name: str, args: tuple[int, ...], err: int) -> None:

@@ -61,6 +61,7 @@ from corral.run.runcg import RunCgroup
 from corral.run.store import CheckResult, RunLock, Store
 from corral.sandbox.namespace import ExecResult, NamespaceSandbox, RunningSandbox
 from corral.sandbox.reaper import become_subreaper
+from corral.sandbox.setid import strip_setid
 
 if TYPE_CHECKING:
     from corral.broker.journal import Journal
@@ -122,7 +123,8 @@ def create_run(
     check_compatible(provider_choice(ref), run_agent.name, run_agent.wire)
     rid = run_id or new_run_id(mission.name)
     layout = RunLayout(runs_dir.absolute() / rid)
-    layout.root.mkdir(parents=True, exist_ok=False)
+    # 0700: a run's workspace, journal and reports are its user's alone.
+    layout.root.mkdir(mode=0o700, parents=True, exist_ok=False)
     layout.mission.write_text(mission.text, encoding="utf-8")
     if ref.kind == "synthetic":
         assert ref.scenario is not None
@@ -395,6 +397,20 @@ class Coordinator:
         allowed, denied = journal_counts(self.layout.journal, self.run_id)
         self.progress.update(allowed=allowed, denied=denied)
 
+    def _strip_setid(self) -> None:
+        # Each corral exec clears the bits at its own teardown; a SIGKILLed
+        # one does not, so the host clears them again before it commits (M13).
+        rep = strip_setid(str(self.layout.workspace))
+        if rep.stripped or not rep.complete:
+            self._journal_event(
+                "setid_stripped",
+                "setuid/setgid modes cleared",
+                decision="deny",
+                detail=rep.to_detail(),
+            )
+        if not rep.complete:
+            raise CorralError(f"cannot clear setuid/setgid bits in the workspace: {rep.problem}")
+
     # -- one session ------------------------------------------------------
     def _session_loop(self, store: Store, n: int) -> bool:
         self._session = n
@@ -424,6 +440,7 @@ class Coordinator:
             raise _Stop
         self._tick()  # the agent's last calls, before the display moves on
         self.progress.update(phase="commit", activity="committing the workspace")
+        self._strip_setid()
         repo = TrustedRepo(self.layout.git_dir, self.layout.workspace)
         sha = repo.commit_all(f"session {n}: {end_reason}")
         store.update_session(n, commit_sha=sha, phase="product")

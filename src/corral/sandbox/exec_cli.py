@@ -145,10 +145,14 @@ def _within(path: str, tree: str) -> bool:
 
 
 def validate_path(raw: str, what: str, *, writable: bool, home: str) -> str:
-    """Resolve a user path; refuse ones that would expose the host."""
-    path = os.path.realpath(raw)
-    if not os.path.exists(path):
-        raise UsageError(f"{what} {raw} does not exist")
+    """Resolve a user path; refuse ones that would expose the host.
+
+    Resolution follows no symlink but the top-level system aliases (see
+    `grants`): a link a sandbox planted cannot redirect a later grant.
+    """
+    from corral.sandbox.grants import resolve_grant
+
+    path = resolve_grant(raw, what)
     if path == "/":
         raise UsageError(f"{what} cannot be /")
     if _within(home, path):
@@ -194,6 +198,10 @@ def build_spec(ns: argparse.Namespace, cmd: list[str], caller_env: dict[str, str
         binds.append(Bind(validate_path(p, "--ro path", writable=False, home=home), writable=False))
     for p in ns.rw:
         binds.append(Bind(validate_path(p, "--rw path", writable=True, home=home), writable=True))
+    writable = [workspace, *(b.path for b in binds if b.writable)]
+    refuse_corral_state(writable)
+    if ns.journal is not None:
+        refuse_in_writable(ns.journal, "--journal", writable)
     limits = Limits(
         memory_bytes=parse_size(ns.memory) if ns.memory is not None else None,
         pids=_parse_pids(ns.pids) if ns.pids is not None else None,
@@ -202,7 +210,7 @@ def build_spec(ns: argparse.Namespace, cmd: list[str], caller_env: dict[str, str
     )
     spec_home = "/home/corral"
     extra = _setenv(ns.setenv)
-    config_json = broker_config_json(ns.allow, ns.config, workspace)
+    config_json = broker_config_json(ns.allow, ns.config, writable)
     if config_json is not None:
         from corral.sandbox.egress import sandbox_proxy_env
 
@@ -237,21 +245,85 @@ def _setenv(items: list[str]) -> dict[str, str]:
     return out
 
 
-def broker_config_json(allow: list[str], config_path: str | None, workspace: str) -> str | None:
+#: What `corral run` and `corral agent run` keep below a project directory.
+_CORRAL_STATE = (".corral/runs", ".corral/agent")
+
+
+def refuse_in_writable(path: str, what: str, writable: Sequence[str]) -> None:
+    """Refuse a host state file (journal, config) inside a tree the sandbox can write.
+
+    Inside, the sandbox could rewrite it: drop the journal's append-only
+    triggers and its own denials, or grant itself egress for a later run.
+    """
+    from corral.sandbox.placement import writable_tree_of
+
+    tree = writable_tree_of(path, writable)
+    if tree is not None:
+        where = "the workspace" if tree == writable[0] else f"the writable path {tree}"
+        raise UsageError(f"{what} {path} is inside {where}, which the sandbox can write")
+
+
+def refuse_corral_state(writable: Sequence[str], cache: str | None = None) -> None:
+    """Refuse writable trees that hold corral's state: runs, agent state, its cache.
+
+    The cache (`cache`, default the namespace backend's) holds the compiled
+    init and seccomp filter the next sandbox starts with.
+    """
+    from corral.sandbox.placement import writable_tree_of
+
+    if cache is None:
+        from corral.sandbox.namespace import cache_dir
+
+        cache = cache_dir()
+    tree = writable_tree_of(cache, writable)
+    if tree is None and os.path.isdir(cache):
+        tree = next((t for t in writable if writable_tree_of(t, [cache])), None)
+    if tree is not None:
+        raise UsageError(
+            f"{tree} overlaps corral's cache {cache} (the init and seccomp filter of every "
+            "sandbox); choose another directory"
+        )
+    for tree in writable:
+        for sub in _CORRAL_STATE:
+            if os.path.lexists(os.path.join(tree, sub)):
+                raise UsageError(
+                    f"{tree} contains {sub} (corral's state, journals and reports), which the "
+                    "sandbox could rewrite; use a directory without it"
+                )
+        # A run directory, or any part of one but its workspace (git/ is the
+        # host's trusted repository, sessions/ and report.md the record).
+        # `tree` is a real path, so its string parents are its ancestors.
+        run = tree
+        while True:
+            if os.path.isfile(os.path.join(run, "state.sqlite")) and os.path.isfile(
+                os.path.join(run, "run.json")
+            ):
+                if not _within(tree, os.path.join(run, "workspace")):
+                    raise UsageError(
+                        f"{tree} is inside the corral run directory {run}; only its "
+                        "workspace/ may be handed to a sandbox"
+                    )
+                break
+            if run == "/":
+                break
+            run = os.path.dirname(run)
+
+
+def broker_config_json(
+    allow: list[str], config_path: str | None, writable: Sequence[str]
+) -> str | None:
     """The broker configuration from `--allow` flags and a corral.toml, or None for no egress.
 
-    The config file may not live in the workspace: the sandbox can write
-    there, and must not be able to grant itself egress for a later run.
+    The config file may not live in a writable tree (`writable[0]` is the
+    workspace): the sandbox must not be able to grant itself egress for a
+    later run.
     """
     doc: dict[str, object] = {}
     if config_path is not None:
         real = os.path.realpath(config_path)
         if not os.path.isfile(real):
             raise UsageError(f"--config {config_path} is not a file")
-        if _within(real, workspace):
-            raise UsageError(
-                f"--config {config_path} is inside the workspace, which the sandbox can write"
-            )
+        refuse_in_writable(config_path, "--config", writable)
         import tomllib
 
         try:

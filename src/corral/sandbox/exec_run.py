@@ -120,6 +120,36 @@ def _terminal_relay(stack: contextlib.ExitStack) -> PtyRelay | None:
     return relay
 
 
+def _strip_setid(journal: Journal | None, run: str, spec: SandboxSpec) -> str:
+    """Clear setuid/setgid bits in every writable tree; a message if one was not fully checked.
+
+    Runs after the sandbox is dead (M13): the bits there would be live on the host.
+    """
+    from corral.sandbox.setid import strip_setid
+
+    unchecked = ""
+    trees = [spec.workspace, *(b.path for b in spec.binds if b.writable)]
+    for tree in trees:
+        rep = strip_setid(tree)  # a `--rw FILE` is checked as a single file
+        if rep.stripped or not rep.complete:
+            _journal_event(
+                journal,
+                spec=spec,
+                run=run,
+                event="setid_stripped",
+                decision="deny",
+                reason=f"{rep.stripped} setuid/setgid mode(s) cleared under {tree}"
+                + ("" if rep.complete else f"; walk incomplete: {rep.problem}"),
+                detail=rep.to_detail(),
+            )
+        if not rep.complete and not unchecked:
+            unchecked = (
+                f"cannot clear setuid/setgid bits under {tree} ({rep.problem}); "
+                "do not run programs from it"
+            )
+    return unchecked
+
+
 def execute(
     spec: SandboxSpec,
     *,
@@ -207,6 +237,7 @@ def execute(
                     running.close()
         if egress is not None:
             egress.stop()
+        unchecked = _strip_setid(jw, run, spec)
         _journal_outcome(jw, run, result, spec)
         if jw is not None:
             jw.flush()
@@ -216,6 +247,9 @@ def execute(
 
             allowed, denied = decision_counts(journal_path, run)
             observations = {"allowed": allowed, "denied": denied}
+    if unchecked:
+        sys.stderr.write(f"corral exec: {unchecked}\n")
+        return result.summary(observations) | {"exit": 125, "message": unchecked}, 125
     if result.message and result.reason == "refused":
         from corral.display import show
 

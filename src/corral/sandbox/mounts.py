@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import ctypes
 import os
+import stat
 import struct
 import time
 
 from corral.errors import SandboxStartError
+from corral.sandbox.grants import open_grant
 
 __all__ = ["STAGE_DIR", "make_private_mount_ns", "make_userns_fd", "stage_bind", "staged_path"]
 
@@ -111,17 +113,30 @@ def make_private_mount_ns() -> None:
 
 
 def stage_bind(index: int, source: str, writable: bool, userns_fd: int) -> str:
-    """Clone `source`, idmap it, and attach it at staged_path(index)."""
-    tree = _check(
-        _libc.syscall(
-            _SYS_OPEN_TREE,
-            _AT_FDCWD,
-            source.encode(),
-            _OPEN_TREE_CLONE | _O_CLOEXEC | _AT_RECURSIVE,
-        ),
-        f"open_tree({source})",
-    )
+    """Clone `source`, idmap it, and attach it at staged_path(index).
+
+    `source` is opened again under the grant rule (no planted symlinks) and
+    the mount is cloned from that descriptor, so a symlink swapped in since
+    `corral exec` checked the path cannot redirect the bind.
+    """
+    from_fd = open_grant(source, "bind source")
     try:
+        is_dir = stat.S_ISDIR(os.fstat(from_fd).st_mode)
+        tree = _check(
+            _libc.syscall(
+                _SYS_OPEN_TREE,
+                from_fd,
+                b"",
+                _OPEN_TREE_CLONE | _O_CLOEXEC | _AT_RECURSIVE | _AT_EMPTY_PATH,
+            ),
+            f"open_tree({source})",
+        )
+    finally:
+        os.close(from_fd)
+    try:
+        # nosuid only governs exec through this clone, inside the sandbox: the
+        # host's own mount of the same tree still honours a setuid bit, which
+        # is why seccomp refuses the bits and `setid` clears them afterwards.
         attr_set = _MOUNT_ATTR_IDMAP | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV
         if not writable:
             attr_set |= _MOUNT_ATTR_RDONLY
@@ -131,7 +146,7 @@ def stage_bind(index: int, source: str, writable: bool, userns_fd: int) -> str:
             f"idmapped mount of {source} (does its filesystem support idmapped mounts?)",
         )
         target = staged_path(index)
-        if os.path.isdir(source):
+        if is_dir:
             os.mkdir(target, 0o755)
         else:
             os.close(os.open(target, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))

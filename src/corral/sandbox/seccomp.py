@@ -309,6 +309,7 @@ def _default_rules() -> tuple[SeccompRule, ...]:
         _deny("vhangup", m8 + "no hanging up terminals"),
         _deny("fanotify_init", m8 + "filesystem-wide event monitoring"),
     ]
+    rules += _mode_bit_rules(m8)
     # personality(2) takes an unsigned int. The query value 0xffffffff must stay
     # allowed and libseccomp allows only one comparison per argument, so
     # "dangerous flag set and not the query" is written as: (1) a dangerous
@@ -337,6 +338,60 @@ def _default_rules() -> tuple[SeccompRule, ...]:
             )
         )
     return tuple(rules)
+
+
+#: (syscall, index of its mode_t argument, fallback number) for every call that
+#: sets a file's mode bits. mode_t is a C unsigned int, hence the 32-bit masks.
+_MODE_SETTERS: tuple[tuple[str, int, int | None], ...] = (
+    ("chmod", 1, None),
+    ("fchmod", 1, None),
+    ("fchmodat", 2, None),
+    ("fchmodat2", 2, 452),
+    ("open", 2, None),
+    ("openat", 3, None),
+    ("creat", 1, None),
+    ("mknod", 1, None),
+    ("mknodat", 2, None),
+)
+_S_ISUID = 0o4000
+_S_ISGID = 0o2000
+
+
+def _mode_bit_rules(prefix: str) -> list[SeccompRule]:
+    """No call may ask for S_ISUID or S_ISGID (M13).
+
+    Through the idmapped workspace the sandbox's files belong to the caller on
+    disk (root, when corral runs as root), and the sandbox owns them inside
+    its user namespace, so the kernel lets it set the bits: a setuid-root
+    binary for any local user. `nosuid` mounts only protect the sandbox side.
+    The open family is refused whenever the bits are present, not only with
+    O_CREAT/O_TMPFILE: no program passes them otherwise. mkdir/mkdirat are
+    not listed: the kernel masks their mode with S_IRWXUGO|S_ISVTX (a new
+    directory is setgid only by inheriting it, and only chmod can set it). openat2 carries its
+    mode inside a struct seccomp cannot read, so it answers ENOSYS, which
+    makes runtimes fall back to openat (glibc and CPython never call it).
+    """
+    rules: list[SeccompRule] = []
+    for name, index, nr in _MODE_SETTERS:
+        for bit_name, bit in (("S_ISUID", _S_ISUID), ("S_ISGID", _S_ISGID)):
+            rules.append(
+                SeccompRule(
+                    name,
+                    errno.EPERM,
+                    f"{prefix}no {bit_name} via {name}: setuid files are live on the host",
+                    (ArgCmp(index, Cmp.MASKED_EQ, bit, bit),),
+                    nr,
+                )
+            )
+    rules.append(
+        _deny(
+            "openat2",
+            prefix + "openat2's mode is not inspectable (falls back to openat)",
+            err=errno.ENOSYS,
+            nr=437,
+        )
+    )
+    return rules
 
 
 DEFAULT_PROFILE = SeccompProfile("namespace-default", _default_rules())
@@ -453,21 +508,26 @@ def cached_bpf(profile: SeccompProfile, cache_dir: str | os.PathLike[str]) -> by
     """`build_bpf(profile)`, compiled once per machine and read back afterwards.
 
     The cache file is trusted only if it is a regular file owned by the
-    effective uid, not writable by group or others, and a structurally valid
-    program; otherwise it is rebuilt and atomically replaced. A cache that
+    effective uid, not writable by group or others, a structurally valid
+    program, and matches the SHA-256 in its `.sha256` sidecar (held to the
+    same checks); otherwise it is rebuilt and atomically replaced. A cache that
     cannot be written is not an error: the freshly built program is returned
     and the next call builds again.
     """
     path = cache_path(profile, cache_dir)
     data = _read_trusted(path)
-    if data is not None:
+    # A structurally valid program can still be a prefix of the real one
+    # (when the table ends in several returns), so its digest must match too.
+    digest = _read_trusted(path + ".sha256", validate=False)
+    if data is not None and digest == hashlib.sha256(data).hexdigest().encode():
         return data
     data = build_bpf(profile)
+    _write_atomic(os.fspath(cache_dir), path + ".sha256", hashlib.sha256(data).hexdigest().encode())
     _write_atomic(os.fspath(cache_dir), path, data)
     return data
 
 
-def _read_trusted(path: str) -> bytes | None:
+def _read_trusted(path: str, *, validate: bool = True) -> bytes | None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -487,7 +547,8 @@ def _read_trusted(path: str) -> bytes | None:
     finally:
         os.close(fd)
     try:
-        validate_bpf(data)
+        if validate:
+            validate_bpf(data)
     except ValueError:
         return None
     return data

@@ -36,6 +36,7 @@ __all__ = [
     "ProbeLimits",
     "ProbeResult",
     "ReqStatus",
+    "SetIdMode",
     "Skipped",
     "Step",
     "Verdict",
@@ -109,6 +110,8 @@ REQUIREMENTS: dict[str, str] = {**MANDATORY, **USABILITY}
 #: faults: the fault injected removes a layer only corral has (peers: not applicable);
 #: neighbour: a second sandbox of the same backend runs (and waits) alongside the probe,
 #: inspected with it (`during="inspect"`, fact "neighbour_status").
+#: corral-options: the attack goes through a `corral exec` option (a grant, the journal
+#: path) that peers do not have (peers: not applicable).
 Need = Literal[
     "broker",
     "journal",
@@ -123,6 +126,7 @@ Need = Literal[
     "kernel-audit",
     "faults",
     "neighbour",
+    "corral-options",
 ]
 
 #: Faults the runner injects around the backend's command line.
@@ -264,6 +268,15 @@ class JournalLacks:
     words: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class SetIdMode:
+    """Fact `key`: whether the host path (not followed) is a regular file or
+    directory carrying S_ISUID or S_ISGID (it is removed afterwards)."""
+
+    key: str
+    path: str
+
+
 Check = (
     PathExists
     | FileChanged
@@ -276,6 +289,7 @@ Check = (
     | TtyChanged
     | KernelLog
     | JournalLacks
+    | SetIdMode
 )
 
 

@@ -73,6 +73,7 @@ from corral.verify.model import (
     ProbeLimits,
     ProbeResult,
     SameInode,
+    SetIdMode,
     Skipped,
     Symlink,
     TtyChanged,
@@ -837,6 +838,12 @@ class _Suite:
                 "or Landlock denial that anyone could journal (the denials themselves hold)",
             )
         if self.backend.kind == "peer":
+            if "corral-options" in p.needs:
+                return Skipped(
+                    p,
+                    "not-applicable",
+                    f"the attack goes through a corral exec option {self.backend.name} lacks",
+                )
             if "faults" in p.needs:
                 return Skipped(
                     p,
@@ -938,7 +945,7 @@ class _Suite:
             self.opts.env,
             settings,
             config,
-            p.exec_args if self.backend.kind == "corral" else (),
+            tuple(_fill(a, ctx) for a in p.exec_args) if self.backend.kind == "corral" else (),
         )
         params = {k: v for k, v in ctx.items() if isinstance(v, str | int | float)}
         program = f"import json\nP = json.loads({json.dumps(params)!r})\n{PRELUDE}\n{p.code}"
@@ -1204,6 +1211,13 @@ class _Suite:
                     _remove(hit, marker)
                 case KernelLog(key=key):
                     facts[key] = marker.encode() in _kernel_log()
+                case SetIdMode(key=key, path=path):
+                    try:
+                        mode = os.lstat(_fill(path, ctx)).st_mode
+                        regular = stat.S_ISREG(mode) or stat.S_ISDIR(mode)
+                        facts[key] = regular and bool(mode & (stat.S_ISUID | stat.S_ISGID))
+                    except OSError:
+                        facts[key] = False
                 case JournalLacks(key=key, path=path, words=words):
                     need = [_fill(w, ctx).lower() for w in words]
                     rows = read_journal(_fill(path, ctx)) or ()
@@ -1282,7 +1296,12 @@ class _Suite:
     ) -> None:
         for c in p.checks:
             match c:
-                case PathExists(path=path) | SameInode(path=path) | IsDevice(path=path):
+                case (
+                    PathExists(path=path)
+                    | SameInode(path=path)
+                    | IsDevice(path=path)
+                    | SetIdMode(path=path)
+                ):
                     _remove(_fill(path, ctx), marker)
                 case FileChanged(path=path):
                     _restore(_fill(path, ctx), snaps[path])

@@ -65,13 +65,17 @@ def test_validate_path_refusals(tmp_path: Path) -> None:
     assert validate_path("/usr/lib", "--ro path", writable=False, home=home) == "/usr/lib"
 
 
-def test_validate_path_resolves_symlinks(tmp_path: Path) -> None:
+def test_validate_path_refuses_symlinks(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     link = tmp_path / "sneaky"
     link.symlink_to(home)
-    with pytest.raises(UsageError, match="home directory"):
+    with pytest.raises(UsageError, match=r"goes through the symlink .*sneaky"):
         validate_path(str(link), "workspace", writable=True, home=str(home))
+    # `..` is resolved on real directories, so it cannot hide a home either.
+    (home / "sub").mkdir()
+    with pytest.raises(UsageError, match="home directory"):
+        validate_path(str(home / "sub" / ".."), "workspace", writable=True, home=str(home))
 
 
 def test_build_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

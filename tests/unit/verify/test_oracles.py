@@ -140,8 +140,7 @@ def test_procs_cpu_wall() -> None:
     assert CpuRateAbove(0.5).judge(ev(cpu_s=0.8, wall_s=3.2)).observed == "denied"
     # The backend's own report counts when it is higher than the host's measure.
     assert (
-        CpuRateAbove(0.5).judge(ev(wall_s=3.0, backend_report={"cpu_s": 2.0})).observed
-        == "allowed"
+        CpuRateAbove(0.5).judge(ev(wall_s=3.0, backend_report={"cpu_s": 2.0})).observed == "allowed"
     )
     assert CpuRateAbove(0.5).judge(ev(cpu_s=1.0)).observed == "error"
     assert WallAbove(3.5).judge(ev(wall_s=5.1)).observed == "allowed"

@@ -7,6 +7,7 @@ from corral.verify.probes import (
     audit,
     files,
     host_integrity,
+    hostile_files,
     network,
     presentation,
     privilege,
@@ -37,6 +38,7 @@ def all_probes() -> list[Probe]:
         *presentation.PROBES,
         *terminal_and_uids.PROBES,
         *report_forgery.PROBES,
+        *hostile_files.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:
