@@ -265,8 +265,7 @@ def test_through_a_bind_mount(tmp_path: Path) -> None:
         f"sys.exit(0 if writable_tree_of('{other}/j.sqlite', ['{ws}']) == '{ws}' else 3)"
     )
     proc = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "python3", "-c", code],
-        env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+        ["unshare", "-m", "--propagation", "private", sys.executable, "-c", code],
         capture_output=True,
         text=True,
         check=False,
