@@ -209,8 +209,11 @@ class NamespaceSandbox:
         cgroup_layout: CgroupLayout | None = None,
         network_hook: Callable[[int], None] | None = None,
         init_kind: Literal["auto", "c", "python"] = "auto",
+        stdio: tuple[int, int, int] | None = None,
     ) -> None:
+        """`stdio`: descriptors for the sandbox's stdin, stdout, stderr (default: corral's own)."""
         self.spec = spec
+        self.stdio = stdio
         self.init_kind = init_kind
         self._abi = 0
         self.cgroup_parent = cgroup_parent
@@ -423,8 +426,12 @@ class NamespaceSandbox:
                 # no logging, modules already loaded), CPython resets the GIL
                 # in the child, and glibc's malloc is fork-safe; it only makes
                 # raw syscalls through os and ctypes.
+                stdin, stdout, stderr = self.stdio or (None, None, None)
                 proc = subprocess.Popen(
                     argv,
+                    stdin=stdin,
+                    stdout=stdout,
+                    stderr=stderr,
                     env=env,
                     pass_fds=pass_fds,
                     preexec_fn=child_setup,  # noqa: PLW1509
