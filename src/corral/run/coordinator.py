@@ -419,8 +419,13 @@ class Coordinator:
         (self.layout.session_dir(n) / "prompt.md").write_text(prompt, encoding="utf-8")
         self.progress.update(session=n, phase="agent", activity="agent session running")
         self._agent_reported = 0
+        served = self._provider.tokens_served if self._provider is not None else 0
         end_reason, result, agent_result, broker_pid = self._agent_phase(store, n, prompt)
-        tokens = agent_result.usage.total if agent_result else 0
+        if self._provider is not None:
+            served = self._provider.tokens_served - served
+        # The broker's count; with the synthetic provider also what it served
+        # (both host-side; the larger wins). Never the agent's own report.
+        tokens = max(agent_result.usage.total if agent_result else 0, served)
         summary = (agent_result.text or agent_result.error or "") if agent_result else ""
         store.update_session(
             n,
@@ -435,6 +440,7 @@ class Coordinator:
                 "agent_end": end_reason,
                 "broker_pid": broker_pid,
                 "agent_reported_tokens": self._agent_reported,
+                "provider_served_tokens": served if self._provider is not None else None,
             },
         )
         if self._stopping():
