@@ -119,19 +119,19 @@ def test_a_forged_result_line_does_not_hide_spent_tokens(tmp_path: Path) -> None
         run = store.run()
         sessions = store.sessions()
     s1 = sessions[0]
+    # The run recorded what the provider served, not the 2 forged tokens, and
+    # the budget ended it after the first session (unfixed: 2 tokens a
+    # session, three sessions, "exhausted" only by max_sessions).
+    assert [s.tokens for s in sessions] == [s1.tokens] and s1.tokens > 50, run.end_reason
+    assert run.state == "exhausted" and run.end_reason == f"token budget spent ({s1.tokens}/50)"
+    served = s1.detail.get("provider_served_tokens")
+    assert isinstance(served, int) and s1.tokens >= served > 50
     # The agent's stdout is corral's pipe: there is no file under a mount to
     # replace, and the pipe (corral's, mode 0600) cannot be reopened by the
     # agent's children through /proc either.
     assert (run_dir / "workspace" / "stdout-target").read_text().startswith("pipe:")
     assert (run_dir / "workspace" / "reopen-error").read_text().strip()
     assert FORGED not in (run_dir / "sessions" / "session-1" / "agent.stdout.log").read_text()
-    # ... and the run recorded what the provider served, not the 2 forged tokens.
-    assert s1.detail["provider_served_tokens"] is not None
-    assert s1.tokens >= int(s1.detail["provider_served_tokens"]) > 50
-    assert run.state == "exhausted", (run.end_reason, [s.tokens for s in sessions])
-    assert run.end_reason == f"token budget spent ({s1.tokens}/50)"
-    assert len(sessions) == 1
-
 
 def test_the_request_after_the_budget_is_refused_live(tmp_path: Path) -> None:
     run_dir = _run(tmp_path, _mission(tmp_path / "m", "echo one > first", "token_budget = 50"))
