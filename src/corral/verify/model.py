@@ -290,6 +290,8 @@ class MissionSpec:
     say: str = "done"
     max_sessions: int = 1
     next_files: tuple[tuple[str, str], ...] = ()
+    token_budget: int | None = None
+    """The mission's run-wide `token_budget` (none by default)."""
 
 
 @dataclass(frozen=True, slots=True)
