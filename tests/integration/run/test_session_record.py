@@ -133,6 +133,7 @@ def test_a_forged_result_line_does_not_hide_spent_tokens(tmp_path: Path) -> None
     assert (run_dir / "workspace" / "reopen-error").read_text().strip()
     assert FORGED not in (run_dir / "sessions" / "session-1" / "agent.stdout.log").read_text()
 
+
 def test_the_request_after_the_budget_is_refused_live(tmp_path: Path) -> None:
     run_dir = _run(tmp_path, _mission(tmp_path / "m", "echo one > first", "token_budget = 50"))
     calls = _provider_calls(run_dir)
@@ -165,3 +166,34 @@ def test_a_flood_on_stdout_is_capped_and_drained(tmp_path: Path) -> None:
     assert data.startswith(b"x" * 1000) and data.endswith(b"LAST-LINE\n")
     assert b"bytes of output dropped here; 30000011 bytes in all]" in data
     assert cap.total == 30000011
+
+
+@pytest.mark.requires_npm
+def test_claude_code_forging_its_record_is_still_held_to_the_budget(tmp_path: Path) -> None:
+    """The same attack by the real Claude Code CLI: its tokens are the broker's count."""
+    from corral.agents.install import default_tools_dir, executable_path
+    from corral.agents.registry import ADAPTERS
+
+    if not executable_path(ADAPTERS["claude-code"], default_tools_dir()).exists():
+        pytest.skip("claude-code is not installed: run scripts/install-agents.sh claude-code")
+    mission = _mission(tmp_path / "m", FORGE, "token_budget = 50")
+    rid = new_id()
+    proc = corral(
+        "run", str(mission), "--agent", "claude-code", "--plain", "--id", rid,
+        "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path, timeout=80,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    run_dir = tmp_path / "runs" / rid
+    with Store(run_dir / "state.sqlite", readonly=True) as store:
+        run = store.run()
+        sessions = store.sessions()
+    # Unfixed: the CLI's forged or self-reported count, under the budget, and more sessions.
+    assert len(sessions) == 1, (run.end_reason, [s.tokens for s in sessions])
+    s1 = sessions[0]
+    served = s1.detail.get("provider_served_tokens")
+    assert isinstance(served, int) and s1.tokens >= served > 50
+    assert run.state == "exhausted" and run.end_reason == f"token budget spent ({s1.tokens}/50)"
+    calls = _provider_calls(run_dir)
+    assert ("1", "deny", "token-budget") in calls
+    allowed = [c for c in calls if c[1] == "allow"]
+    assert len(_served(run_dir)) == len(allowed)  # nothing past the refusal reached it
