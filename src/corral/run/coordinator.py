@@ -61,7 +61,7 @@ from corral.run.progress import Progress
 from corral.run.prompt import build_prompt
 from corral.run.report import render_report
 from corral.run.runcg import RunCgroup
-from corral.run.store import CheckResult, RunLock, Store
+from corral.run.store import CheckResult, RunLock, SessionRecord, Store
 from corral.sandbox.namespace import ExecResult, NamespaceSandbox, RunningSandbox
 
 if TYPE_CHECKING:
@@ -319,7 +319,7 @@ class Coordinator:
                 return self._finish(
                     store, "exhausted", f"{len(done)} sessions without passing every check"
                 )
-            tokens = sum(s.tokens for s in sessions)
+            tokens = self._spent(sessions)
             if budget is not None and tokens >= budget:
                 return self._finish(store, "exhausted", f"token budget spent ({tokens}/{budget})")
             n = (sessions[-1].n if sessions else 0) + 1
@@ -406,6 +406,15 @@ class Coordinator:
     def _tick(self, store: Store | None = None) -> None:
         allowed, denied = journal_counts(self.layout.journal, self.run_id)
         self.progress.update(allowed=allowed, denied=denied)
+
+    def _spent(self, sessions: list[SessionRecord]) -> int:
+        """Tokens the run spent: per session, the recorded count or, for one
+        interrupted before it was recorded, what its broker journaled."""
+        total = 0
+        for s in sessions:
+            used, _ = journal_usage(self.layout.journal, self.run_id, str(s.n))
+            total += max(s.tokens, used.total)
+        return total
 
     # -- one session ------------------------------------------------------
     def _session_loop(self, store: Store, n: int) -> bool:
@@ -494,7 +503,7 @@ class Coordinator:
         budget = session_budget(
             self.mission.settings.session.token_budget,
             self.mission.settings.token_budget,
-            sum(s.tokens for s in store.sessions() if s.n != n),
+            self._spent([s for s in store.sessions() if s.n != n]),
         )
         bcfg = agent_broker_config(self.mission, self.provider_ref, self._provider_url, budget)
         spec = agent_spec(

@@ -197,3 +197,48 @@ def test_claude_code_forging_its_record_is_still_held_to_the_budget(tmp_path: Pa
     assert ("1", "deny", "token-budget") in calls
     allowed = [c for c in calls if c[1] == "allow"]
     assert len(_served(run_dir)) == len(allowed)  # nothing past the refusal reached it
+
+
+def test_an_interrupted_sessions_spend_still_counts_after_resume(tmp_path: Path) -> None:
+    """kill -9 of the coordinator mid-session: the broker's journaled usage keeps the budget."""
+    import os
+    import signal
+
+    from corral.broker.metering import journal_usage
+    from corral.run.store import RunLock
+    from tests.integration.run.helpers import start_corral, wait_for
+
+    mission = _mission(tmp_path / "m", "sleep 30", "token_budget = 50")
+    rid = new_id()
+    run_dir = tmp_path / "runs" / rid
+    proc = start_corral(
+        "run", str(mission), "--plain", "--id", rid, "--runs-dir", str(tmp_path / "runs"),
+        cwd=tmp_path,
+    )  # fmt: skip
+    journal = run_dir / "journal.sqlite"
+    try:
+
+        def metered() -> bool:
+            try:
+                return journal.exists() and journal_usage(journal, rid, "1")[0].total > 50
+            except sqlite3.Error:  # the coordinator is still creating it
+                return False
+
+        wait_for(metered, 30, "session 1's first reply, metered")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    wait_for(lambda: not RunLock.is_held(run_dir), 3, "the run lock to be free")
+    spent = journal_usage(journal, rid, "1")[0].total
+    result = corral("resume", rid, "--plain", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    with Store(run_dir / "state.sqlite", readonly=True) as store:
+        run = store.run()
+        sessions = store.sessions()
+    # Unfixed: the interrupted session counted 0 and session 2 spent again.
+    assert [s.state for s in sessions] == ["interrupted"], run.end_reason
+    assert run.state == "exhausted" and run.end_reason == f"token budget spent ({spent}/50)"
+    assert [c for c in _provider_calls(run_dir) if c[0] != "1"] == []
