@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from corral.broker.metering import journal_usage
 from corral.run.store import Store
 from tests.integration.run.helpers import corral, new_id
 
@@ -126,6 +127,8 @@ def test_a_forged_result_line_does_not_hide_spent_tokens(tmp_path: Path) -> None
     assert run.state == "exhausted" and run.end_reason == f"token budget spent ({s1.tokens}/50)"
     served = s1.detail.get("provider_served_tokens")
     assert isinstance(served, int) and s1.tokens >= served > 50
+    # The broker's own count (what enforces the budget) is exactly what was served.
+    assert journal_usage(run_dir / "journal.sqlite", run_dir.name, "1")[0].total == served
     # The agent's stdout is corral's pipe: there is no file under a mount to
     # replace, and the pipe (corral's, mode 0600) cannot be reopened by the
     # agent's children through /proc either.
@@ -192,6 +195,8 @@ def test_claude_code_forging_its_record_is_still_held_to_the_budget(tmp_path: Pa
     s1 = sessions[0]
     served = s1.detail.get("provider_served_tokens")
     assert isinstance(served, int) and s1.tokens >= served > 50
+    # The broker's own count (what enforces the budget) is exactly what was served.
+    assert journal_usage(run_dir / "journal.sqlite", run_dir.name, "1")[0].total == served
     assert run.state == "exhausted" and run.end_reason == f"token budget spent ({s1.tokens}/50)"
     calls = _provider_calls(run_dir)
     assert ("1", "deny", "token-budget") in calls
@@ -204,7 +209,6 @@ def test_an_interrupted_sessions_spend_still_counts_after_resume(tmp_path: Path)
     import os
     import signal
 
-    from corral.broker.metering import journal_usage
     from corral.run.store import RunLock
     from tests.integration.run.helpers import start_corral, wait_for
 

@@ -53,6 +53,14 @@ def attempt(label, fn):
         pass
 
 
+def write_fd(link):
+    fd = os.open(link, os.O_WRONLY)
+    try:
+        os.write(fd, FORGED.encode() + b"\\n")
+    finally:
+        os.close(fd)
+
+
 def replace_file(path):
     tmp = path + ".forged"
     with open(tmp, "w") as f:
@@ -81,7 +89,7 @@ for _ in range(8):
             continue
         if target.startswith("/") and not target.startswith("/dev/"):
             attempt("replace " + target, lambda t=target: replace_file(t))
-        attempt("write " + link, lambda l=link: os.write(os.open(l, os.O_WRONLY), FORGED.encode() + b"\\n"))
+        attempt("write " + link, lambda l=link: write_fd(l))
 run_dir = P["run_dir"]
 for line in read("/proc/self/mountinfo").splitlines():
     parts = line.split()
