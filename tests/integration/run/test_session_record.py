@@ -246,3 +246,22 @@ def test_an_interrupted_sessions_spend_still_counts_after_resume(tmp_path: Path)
     assert [s.state for s in sessions] == ["interrupted"], run.end_reason
     assert run.state == "exhausted" and run.end_reason == f"token budget spent ({spent}/50)"
     assert [c for c in _provider_calls(run_dir) if c[0] != "1"] == []
+
+
+def test_a_capture_ends_even_if_a_writer_never_closes(tmp_path: Path) -> None:
+    """A descendant that escaped the teardown holding the pipe cannot hang corral."""
+    from corral.run.capture import Capture
+    from tests.integration.run.helpers import wait_for
+
+    cap = Capture(tmp_path / "out.log", head=1024, tail=1024)
+    proc = subprocess.Popen(["/bin/sh", "-c", "echo before; exec sleep 30"], stdout=cap.writer)
+    try:
+        cap.close_writer()
+        wait_for(lambda: cap.total == 7, 10, "the first line drained")
+        cap.finish(timeout_s=0.5)
+        cap.finish()  # idempotent: nothing is closed twice
+        assert proc.poll() is None  # the writer still holds the pipe
+        assert (tmp_path / "out.log").read_bytes() == b"before\n"
+    finally:
+        proc.kill()
+        proc.wait()
