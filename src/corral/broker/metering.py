@@ -293,19 +293,22 @@ def journal_usage(journal: Path, run: str | None, session: str) -> tuple[TokenUs
     """The tokens a session's broker counted, and how many requests it refused for budget.
 
     Read from the journal's provider-call outcomes (written by the broker on
-    the host side, out of the sandbox's reach).
+    the host side, out of the sandbox's reach). `run` None: of any run (a
+    `corral exec` without `--run` names its own).
     """
     conn = sqlite3.connect(f"{journal.absolute().as_uri()}?mode=ro", uri=True)
+    where = "b.kind = 'provider_call' AND b.session = ? AND (? IS NULL OR b.run = ?)"
+    args = (session, run, run)
     try:
         rows = conn.execute(
             "SELECT o.detail FROM observations AS b JOIN outcomes AS o ON o.observation = b.id"
-            " WHERE b.kind = 'provider_call' AND b.session = ? AND b.run IS ?",
-            (session, run),
+            f" WHERE {where}",
+            args,
         ).fetchall()
         refused = conn.execute(
-            "SELECT COUNT(*) FROM observations WHERE kind = 'provider_call'"
-            " AND decision = 'deny' AND rule = ? AND session = ? AND run IS ?",
-            (BUDGET_RULE, session, run),
+            f"SELECT COUNT(*) FROM observations AS b WHERE {where}"
+            " AND b.decision = 'deny' AND b.rule = ?",
+            (*args, BUDGET_RULE),
         ).fetchone()[0]
     finally:
         conn.close()

@@ -186,6 +186,7 @@ def test_journal_usage_sums_the_broker_outcomes_of_one_session(tmp_path: Path) -
     assert journal_usage(path, "r", "1") == (TokenUsage(11, 6), 1)
     assert journal_usage(path, "r", "2") == (TokenUsage(99, 1), 0)
     assert journal_usage(path, "other", "1") == (TokenUsage(), 0)
+    assert journal_usage(path, None, "1") == (TokenUsage(11, 6), 1)
 
 
 @pytest.mark.parametrize("size", [0, 10, 100, 5000])
