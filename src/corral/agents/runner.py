@@ -55,6 +55,7 @@ from corral.agents.base import (
     LaunchRequest,
     McpEndpoint,
     ProviderEndpoint,
+    Usage,
 )
 from corral.agents.install import default_tools_dir, executable_path, prefix
 from corral.agents.mcp_policy import McpPolicy
@@ -101,6 +102,8 @@ class AgentRun:
     journal: Path
     timings: Mapping[str, float] = field(default_factory=dict)
     sandbox: Mapping[str, Any] | None = None
+    agent_reported_tokens: int = 0
+    """What the CLI said it used; `result.usage` is the broker's count (sandboxed)."""
 
     @property
     def stdout_path(self) -> Path:
@@ -123,6 +126,7 @@ class AgentRun:
             "journal": str(self.journal),
             "timings": dict(self.timings),
             "sandbox": dict(self.sandbox) if self.sandbox is not None else None,
+            "agent_reported_tokens": self.agent_reported_tokens,
         }
 
 
@@ -179,8 +183,14 @@ def exec_argv(
     timeout_s: float,
     memory: str | None,
     corral: Sequence[str] = (sys.executable, "-m", "corral"),
+    run: str | None = None,
+    session: str | None = None,
 ) -> list[str]:
-    """The `corral exec` command line that runs a wrapped launch (pure)."""
+    """The `corral exec` command line that runs a wrapped launch (pure).
+
+    `run`/`session` label the broker's journal rows (where its token count is
+    read back from).
+    """
     argv = [
         *corral,
         "exec",
@@ -200,6 +210,10 @@ def exec_argv(
     ]
     if memory is not None:
         argv += ["--memory", memory]
+    if run is not None:
+        argv += ["--run", run]
+    if session is not None:
+        argv += ["--session", session]
     return [*argv, "--", *launch_argv]
 
 
@@ -383,7 +397,8 @@ def run_agent(
         stdout_path = state / "agent.stdout.jsonl"
         stderr_path = state / "agent.stderr"
         if sandbox:
-            routes = {choice.route: provider_route(choice, synthetic_url)}
+            # Metered: the tokens of the session are the broker's count, not the CLI's.
+            routes = {choice.route: {**provider_route(choice, synthetic_url), "meter_usage": True}}
             if gateway is not None:
                 routes[MCP_ROUTE] = {"upstream": gateway.url, "allow_private": True}
             routes_file = state / "routes.toml"
@@ -396,6 +411,8 @@ def run_agent(
                 journal=str(journal_path),
                 timeout_s=timeout_s,
                 memory=memory,
+                run=run_id,
+                session=session,
             )
             proc_env = {**env_in, **secret_env}
             backstop = timeout_s + 30.0
@@ -429,6 +446,20 @@ def run_agent(
     if timed_out and summary is None:
         summary = {"exit": 124, "reason": "timeout"}
     result = finalize(result, exit_code, summary, stderr, timeout_s)
+    reported = result.usage.total
+    if sandbox:
+        from corral.broker.metering import journal_usage
+
+        used, _ = journal_usage(journal_path, run_id, session)
+        result = replace(
+            result,
+            usage=Usage(
+                used.input_tokens,
+                used.output_tokens,
+                used.cache_read_tokens,
+                used.cache_write_tokens,
+            ),
+        )
     timings["total_s"] = time.monotonic() - t_start
     run = AgentRun(
         agent=adapter.name,
@@ -442,6 +473,7 @@ def run_agent(
         journal=journal_path,
         timings={k: round(v, 4) for k, v in timings.items()},
         sandbox=summary,
+        agent_reported_tokens=reported,
     )
     (state / "result.json").write_text(
         json.dumps(run.to_json_dict(), indent=2) + "\n", encoding="utf-8"

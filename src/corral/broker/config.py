@@ -181,6 +181,12 @@ class RouteConfig(BaseModel):
     allow_private: bool = False
     methods: tuple[str, ...] | None = None
     path_prefixes: tuple[str, ...] | None = None
+    meter_usage: bool = Field(
+        default=False, description="count provider token usage from responses (metering.py)"
+    )
+    token_budget: int | None = Field(
+        default=None, ge=0, description="refuse requests once this many tokens are spent"
+    )
 
     @field_validator("upstream")
     @classmethod

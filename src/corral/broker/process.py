@@ -88,6 +88,13 @@ class ReadyInfo:
         return tuple(int(entry["port"]) for entry in self.listen if entry["family"] == "tcp")
 
 
+_SOURCE_ROOT = str(Path(__file__).resolve().parents[2])
+_BOOT = (
+    "import sys, runpy; sys.path.insert(0, sys.argv.pop(1)); "
+    "runpy.run_module('corral.broker', run_name='__main__', alter_sys=True)"
+)
+
+
 def broker_argv(
     journal_path: str | Path,
     *,
@@ -100,9 +107,17 @@ def broker_argv(
     ready_fd: int | None = None,
     parent_pid: int | None = None,
     python: str = sys.executable,
+    source: str | None = None,
 ) -> list[str]:
-    """The command line of a broker that reads its config from stdin (pure)."""
-    argv = [python, "-I", "-m", "corral.broker", "serve", "--config", "-"]
+    """The command line of a broker that reads its config from stdin (pure).
+
+    `-I` keeps the environment's PYTHONPATH and the cwd off the broker's
+    path; `source` (default: where this corral is imported from) is put first
+    explicitly, so the broker runs the launcher's own corral, not whichever
+    one the interpreter's site-packages point at.
+    """
+    src = source if source is not None else _SOURCE_ROOT
+    argv = [python, "-I", "-c", _BOOT, src, "serve", "--config", "-"]
     argv += ["--journal", str(journal_path), "--env", env]
     if run is not None:
         argv += ["--run", run]

@@ -32,7 +32,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import h11
@@ -49,6 +49,7 @@ from corral.broker.actions import (
 from corral.broker.config import LimitsConfig
 from corral.broker.hosts import format_hostport
 from corral.broker.journal import GroupCommitJournal
+from corral.broker.metering import BUDGET_RULE, ResponseMeter, SessionBudget
 from corral.broker.policy import Decision, DecisionContext, Policy, decide
 from corral.broker.resolver import Resolver
 from corral.broker.wire import (
@@ -117,6 +118,7 @@ class BrokerState:
     tls: ssl.SSLContext
     routes: Mapping[str, RouteSecrets]
     own_endpoints: frozenset[tuple[str, int]]
+    budgets: Mapping[str, SessionBudget] = field(default_factory=dict)
 
     @property
     def context(self) -> DecisionContext:
@@ -406,6 +408,10 @@ class _ClientConnection:
     ) -> None:
         detail["duration_s"] = round(time.monotonic() - started, 6)
         self.state.journal.record_outcome(obs_id, counts[0], counts[1], detail)
+        if "usage" in detail:
+            # A session's spend is read back from the journal: on disk before
+            # the broker serves another request (it may be killed any time).
+            self.state.journal.flush()
 
     # --- answering -------------------------------------------------------
 
@@ -522,6 +528,34 @@ class _ClientConnection:
         extra["headers"] = request_headers(request, strip_names)
         if route is not None:
             extra["upstream"] = f"{route.scheme}://{format_hostport(route.host, route.port)}"
+        budget = self.state.budgets.get(name) if route is not None else None
+        if budget is not None and budget.serialised:
+            async with budget.lock:
+                why = budget.refusal()
+                if why is not None:
+                    return await self._refuse_budget(action, extra, why)
+                return await self._route_admitted(request, action, name, extra, budget)
+        return await self._route_admitted(request, action, name, extra, budget)
+
+    async def _refuse_budget(self, action: ProviderCall, extra: dict[str, Any], why: str) -> bool:
+        try:
+            await self._record(action, Decision("deny", BUDGET_RULE, why), extra)
+        except Exception as exc:
+            await self._deny(503, "journal-unavailable", f"journal write failed: {exc}")
+            return False
+        await self._deny(429, BUDGET_RULE, why)
+        return False
+
+    async def _route_admitted(
+        self,
+        request: h11.Request,
+        action: ProviderCall,
+        name: str,
+        extra: dict[str, Any],
+        budget: SessionBudget | None,
+    ) -> bool:
+        route = self.state.policy.routes.get(name)
+        rest, query = action.path, action.query
         admitted = await self._admit(action, route.port if route else 0, extra)
         if admitted is None or route is None:
             return False
@@ -542,6 +576,8 @@ class _ClientConnection:
             tls_host=route.host if route.scheme == "https" else None,
             strip=secrets.strip,
             inject=secrets.inject,
+            budget=budget,
+            meter=ResponseMeter(action.method, rest) if budget is not None else None,
         )
 
     async def _http(self, request: h11.Request, action: HttpRequest) -> bool:
@@ -601,6 +637,8 @@ class _ClientConnection:
         tls_host: str | None,
         strip: frozenset[bytes],
         inject: Sequence[Header],
+        budget: SessionBudget | None = None,
+        meter: ResponseMeter | None = None,
     ) -> bool:
         started = time.monotonic()
         key = (decision.addresses, port, host_header, tls_host)
@@ -624,20 +662,22 @@ class _ClientConnection:
             conn = self.upstream
             assert conn is not None
             try:
-                status = await self._exchange(outgoing, conn, counts)
+                status = await self._exchange(outgoing, conn, counts, meter)
             except _Upstream as exc:
                 self._drop_upstream()
                 # An idle kept connection the upstream closed meanwhile: try
                 # once more on a fresh one when nothing was consumed or sent.
                 if reused and retry_ok and not exc.started and exc.status is None:
                     continue
-                self._outcome(obs_id, counts, started, {"status": exc.status, "error": str(exc)})
+                failed: dict[str, Any] = {"status": exc.status, "error": str(exc)}
+                self._outcome(obs_id, counts, started, self._metered(failed, budget, meter))
                 if not exc.started:
                     await self._deny(502, decision.rule or "upstream", str(exc))
                 return False
             except BaseException as exc:
                 self._drop_upstream()
-                self._outcome(obs_id, counts, started, {"error": f"client: {exc!r}"})
+                failed = {"error": f"client: {exc!r}"}
+                self._outcome(obs_id, counts, started, self._metered(failed, budget, meter))
                 raise
             if conn.h11.our_state is h11.DONE and conn.h11.their_state is h11.DONE:
                 conn.h11.start_next_cycle()
@@ -646,10 +686,32 @@ class _ClientConnection:
             detail: dict[str, Any] = {"status": status, "address": conn.address}
             if reused:
                 detail["reused"] = True
-            self._outcome(obs_id, counts, started, detail)
+            self._outcome(obs_id, counts, started, self._metered(detail, budget, meter))
             return True
 
-    async def _exchange(self, outgoing: h11.Request, conn: _Pooled, counts: list[int]) -> int:
+    def _metered(
+        self, detail: dict[str, Any], budget: SessionBudget | None, meter: ResponseMeter | None
+    ) -> dict[str, Any]:
+        """`detail` with the response's usage, which is added to the session's spend."""
+        if budget is None or meter is None:
+            return detail
+        metered = meter.result()
+        budget.add(metered)
+        detail["usage"] = metered.usage.to_json_dict()
+        if metered.error is not None:
+            detail["usage_error"] = metered.error
+        if metered.skipped_lines:
+            detail["usage_skipped_lines"] = metered.skipped_lines
+        detail["session_tokens"] = budget.spent.total
+        return detail
+
+    async def _exchange(
+        self,
+        outgoing: h11.Request,
+        conn: _Pooled,
+        counts: list[int],
+        meter: ResponseMeter | None = None,
+    ) -> int:
         """Send the client's request upstream and relay the response; its status.
 
         Raises _Upstream for upstream failures; client failures propagate.
@@ -717,6 +779,8 @@ class _ClientConnection:
                 continue
             if isinstance(event, h11.Response):
                 status = event.status_code
+                if meter is not None:
+                    meter.start(status, list(event.headers))
                 out += (
                     self.h11.send(
                         h11.Response(
@@ -729,6 +793,8 @@ class _ClientConnection:
                 )
             elif isinstance(event, h11.Data):
                 counts[1] += len(event.data)
+                if meter is not None:
+                    meter.feed(event.data)
                 out += self.h11.send(h11.Data(data=event.data)) or b""
                 if len(out) >= _RECV:
                     await self.client.sendall(bytes(out))

@@ -35,6 +35,7 @@ from typing import Any
 from corral.broker.actions import Identity, Observation, ProcessEvent
 from corral.broker.config import BrokerConfig, parse_secret_ref
 from corral.broker.journal import GroupCommitJournal, Journal
+from corral.broker.metering import SessionBudget
 from corral.broker.policy import Hook, Policy
 from corral.broker.proxy import BrokerState, ProxyServer, RouteSecrets
 from corral.broker.resolver import Resolver
@@ -85,6 +86,10 @@ def load_route_secrets(config: BrokerConfig, environ: Mapping[str, str]) -> dict
                 )
             inject.append((header.encode("ascii"), value.encode("utf-8")))
         strip = frozenset(h.encode("ascii") for h in route.strip_headers)
+        if route.meter_usage or route.token_budget is not None:
+            # The meter reads the body as relayed; it cannot read compressed ones.
+            strip |= {b"accept-encoding"}
+            inject.append((b"accept-encoding", b"identity"))
         out[name] = RouteSecrets(tuple(inject), strip)
     return out
 
@@ -280,6 +285,11 @@ def serve(options: ServeOptions) -> int:
             tls=tls,
             routes=secrets,
             own_endpoints=_own_endpoints(socks),
+            budgets={
+                name: SessionBudget(route.token_budget)
+                for name, route in config.routes.items()
+                if route.meter_usage or route.token_budget is not None
+            },
         )
         return asyncio.run(_main(options, state, socks))
     except (ConfigError, UsageError) as exc:

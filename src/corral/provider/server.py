@@ -156,6 +156,8 @@ class ProviderServer:
         self._transcript: JsonlTranscript | None = None
         self._runner: web.AppRunner | None = None
         self._attempts: dict[tuple[str, ...], int] = {}
+        self.tokens_served = 0
+        """Tokens of every reply this provider rendered (input + output, as it reports them)."""
         self.host = config.host
         self.port = config.port
 
@@ -375,6 +377,7 @@ class ProviderServer:
         model = parsed.model or self.scenario.model
         rid = _response_id(family)
         created = int(time.time())
+        self.tokens_served += reply_usage(outcome, input_tokens).total
         try:
             if route.stream and not route.sse:  # Gemini stream without alt=sse: one JSON array
                 chunks = gemini_chunks(outcome, model, rid, reply_usage(outcome, input_tokens))
@@ -537,6 +540,11 @@ class ProviderThread:
     @property
     def records(self) -> list[ExchangeRecord]:
         return self.server.records
+
+    @property
+    def tokens_served(self) -> int:
+        """What the provider's replies reported, counted where no sandbox reaches."""
+        return self.server.tokens_served
 
     def start(self, timeout: float = 10.0) -> str:
         if self._thread is not None:

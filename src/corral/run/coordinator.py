@@ -24,6 +24,7 @@ run; a SIGTERM (`corral stop`) ends it as `stopped` after killing everything.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import secrets
@@ -36,13 +37,15 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from corral.agents.base import AgentResult
+from corral.agents.base import AgentResult, Usage
 from corral.agents.routes import check_compatible, route_secret_env
 from corral.broker.actions import Identity, Observation, ProcessEvent
 from corral.broker.journal import decision_counts as journal_counts
+from corral.broker.metering import journal_usage
 from corral.errors import AgentError, ConfigError, CorralError, UsageError
 from corral.hostgit import TrustedRepo
 from corral.run.agent_port import RunAgent, resolve_agent
+from corral.run.capture import Capture
 from corral.run.environments import (
     RunLayout,
     agent_broker_config,
@@ -58,7 +61,7 @@ from corral.run.progress import Progress
 from corral.run.prompt import build_prompt
 from corral.run.report import render_report
 from corral.run.runcg import RunCgroup
-from corral.run.store import CheckResult, RunLock, Store
+from corral.run.store import CheckResult, RunLock, SessionRecord, Store
 from corral.sandbox.namespace import ExecResult, NamespaceSandbox, RunningSandbox
 from corral.sandbox.reaper import become_subreaper
 from corral.sandbox.setid import strip_setid
@@ -79,6 +82,16 @@ __all__ = [
 
 HTTP_CHECKER = Path(__file__).with_name("http_check.py")
 _POLL_S = 0.1
+# What corral keeps of the agent's output: the start, and the end (its result line).
+_OUT_HEAD, _OUT_TAIL = 4 << 20, 1 << 20
+_ERR_HEAD, _ERR_TAIL = 1 << 20, 256 << 10
+
+
+def session_budget(session: int | None, run: int | None, run_spent: int) -> int | None:
+    """What a session may spend: its own budget and what is left of the run's (pure)."""
+    left = None if run is None else max(run - run_spent, 0)
+    limits = [b for b in (session, left) if b is not None]
+    return min(limits) if limits else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +200,7 @@ class Coordinator:
         self._cg: RunCgroup | None = None
         self._session = 0
         self._agent: RunAgent | None = None
+        self._agent_reported = 0
         self._started = time.monotonic()
 
     # -- signals ----------------------------------------------------------
@@ -309,7 +323,7 @@ class Coordinator:
                 return self._finish(
                     store, "exhausted", f"{len(done)} sessions without passing every check"
                 )
-            tokens = sum(s.tokens for s in sessions)
+            tokens = self._spent(sessions)
             if budget is not None and tokens >= budget:
                 return self._finish(store, "exhausted", f"token budget spent ({tokens}/{budget})")
             n = (sessions[-1].n if sessions else 0) + 1
@@ -411,6 +425,15 @@ class Coordinator:
         if not rep.complete:
             raise CorralError(f"cannot clear setuid/setgid bits in the workspace: {rep.problem}")
 
+    def _spent(self, sessions: list[SessionRecord]) -> int:
+        """Tokens the run spent: per session, the recorded count or, for one
+        interrupted before it was recorded, what its broker journaled."""
+        total = 0
+        for s in sessions:
+            used, _ = journal_usage(self.layout.journal, self.run_id, str(s.n))
+            total += max(s.tokens, used.total)
+        return total
+
     # -- one session ------------------------------------------------------
     def _session_loop(self, store: Store, n: int) -> bool:
         self._session = n
@@ -422,8 +445,14 @@ class Coordinator:
         self.layout.session_dir(n).mkdir(parents=True, exist_ok=True)
         (self.layout.session_dir(n) / "prompt.md").write_text(prompt, encoding="utf-8")
         self.progress.update(session=n, phase="agent", activity="agent session running")
+        self._agent_reported = 0
+        served = self._provider.tokens_served if self._provider is not None else 0
         end_reason, result, agent_result, broker_pid = self._agent_phase(store, n, prompt)
-        tokens = agent_result.usage.total if agent_result else 0
+        if self._provider is not None:
+            served = self._provider.tokens_served - served
+        # The broker's count; with the synthetic provider also what it served
+        # (both host-side; the larger wins). Never the agent's own report.
+        tokens = max(agent_result.usage.total if agent_result else 0, served)
         summary = (agent_result.text or agent_result.error or "") if agent_result else ""
         store.update_session(
             n,
@@ -434,7 +463,12 @@ class Coordinator:
             agent_peak_memory=result.peak_memory_bytes if result else 0,
             processes_killed=result.processes_killed_at_end if result else 0,
             summary=summary[:2000],
-            detail={"agent_end": end_reason, "broker_pid": broker_pid},
+            detail={
+                "agent_end": end_reason,
+                "broker_pid": broker_pid,
+                "agent_reported_tokens": self._agent_reported,
+                "provider_served_tokens": served if self._provider is not None else None,
+            },
         )
         if self._stopping():
             raise _Stop
@@ -474,8 +508,6 @@ class Coordinator:
         from corral.sandbox.egress import EgressBroker
 
         assert self._agent is not None and self._cg is not None
-        out = self.layout.agent_out(n)
-        out.mkdir(parents=True, exist_ok=True)
         install = self._agent.install(self.layout.tools)
         wall = self.mission.settings.session.wall_time
         request = agent_request(
@@ -487,7 +519,12 @@ class Coordinator:
             workspace=str(self.layout.workspace),
         )
         launch = self._agent.launch(request)
-        bcfg = agent_broker_config(self.mission, self.provider_ref, self._provider_url)
+        budget = session_budget(
+            self.mission.settings.session.token_budget,
+            self.mission.settings.token_budget,
+            self._spent([s for s in store.sessions() if s.n != n]),
+        )
+        bcfg = agent_broker_config(self.mission, self.provider_ref, self._provider_url, budget)
         spec = agent_spec(
             self.layout,
             mission=self.mission,
@@ -499,13 +536,43 @@ class Coordinator:
         egress: EgressBroker = EgressBroker(
             bcfg.to_json(), self.layout.journal, run=self.run_id, session=str(n), env="agent"
         )
-        sandbox = NamespaceSandbox(spec, cgroup_parent=self._cg.relpath, network_hook=egress.attach)
+        with contextlib.ExitStack() as stack:
+            out = Capture(self.layout.agent_stdout(n), head=_OUT_HEAD, tail=_OUT_TAIL)
+            stack.callback(out.finish)
+            err = Capture(self.layout.agent_stderr(n), head=_ERR_HEAD, tail=_ERR_TAIL)
+            stack.callback(err.finish)
+            devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            stack.callback(os.close, devnull)
+            sandbox = NamespaceSandbox(
+                spec,
+                cgroup_parent=self._cg.relpath,
+                network_hook=egress.attach,
+                stdio=(devnull, out.writer, err.writer),
+            )
+            return self._agent_session(
+                store, n, sandbox=sandbox, egress=egress, wall=wall, captures=(out, err)
+            )
+
+    def _agent_session(
+        self,
+        store: Store,
+        n: int,
+        *,
+        sandbox: NamespaceSandbox,
+        egress: EgressBroker,
+        wall: float,
+        captures: tuple[Capture, Capture],
+    ) -> tuple[str, ExecResult | None, AgentResult | None, int | None]:
+        assert self._agent is not None and self._cg is not None
         try:
             running = sandbox.start()
         except CorralError as exc:
             egress.stop()
             self._journal_event("refused", f"agent sandbox refused: {exc}", decision="deny")
             return f"refused: {exc}", None, None, None
+        finally:
+            for capture in captures:
+                capture.close_writer()
         broker_pid = egress.process.pid if egress.process else None
         if broker_pid is not None:
             with contextlib.suppress(CorralError, OSError):
@@ -531,17 +598,27 @@ class Coordinator:
             running.close()
             egress.stop()
         self._journal_outcome("agent", result)
-        stdout = _read_tail(out / "stdout.log", 1 << 20)
-        agent_result = self._agent.parse_output(stdout, result.exit)
-        if not agent_result.ok and reason == "agent finished":
+        for capture in captures:
+            capture.finish()
+        # What the agent printed (through corral's pipe) says how it ended; the
+        # tokens are the broker's count, never the agent's own report.
+        stdout = _read_tail(self.layout.agent_stdout(n), 1 << 20)
+        reported = self._agent.parse_output(stdout, result.exit)
+        used, refused = journal_usage(self.layout.journal, self.run_id, str(n))
+        agent_result = dataclasses.replace(
+            reported,
+            usage=Usage(
+                used.input_tokens,
+                used.output_tokens,
+                used.cache_read_tokens,
+                used.cache_write_tokens,
+            ),
+        )
+        self._agent_reported = reported.usage.total
+        if refused and reason == "agent finished":
+            reason = "token budget spent"
+        elif not agent_result.ok and reason == "agent finished":
             reason = f"agent failed: {(agent_result.error or '')[:200]}"
-        budget = self.mission.settings.session.token_budget
-        if budget is not None and agent_result.usage.total > budget:
-            self._journal_event(
-                "token_budget",
-                f"session used {agent_result.usage.total} tokens, budget {budget}",
-                decision="deny",
-            )
         return reason, result, agent_result, broker_pid
 
     def _watch_agent(

@@ -9,9 +9,14 @@
   egress; the product is reached on the verifier's own 127.0.0.1:PORT through
   corral's forwarder.
 
-Every command's stdout and stderr go to files in a directory that sandbox
-alone may write (`sh -c 'exec >OUT 2>ERR'`): the namespace backend lets the
-sandbox inherit corral's own descriptors otherwise.
+The product's and the checks' stdout and stderr go to files in a directory
+that sandbox alone may write (`sh -c 'exec >OUT 2>ERR'`): the namespace
+backend lets the sandbox inherit corral's own descriptors otherwise. The
+agent's go through pipes corral reads (`corral.run.capture`) into
+`sessions/session-N/agent.stdout.log` and `agent.stderr.log`, which no
+sandbox can see: the host parses the agent's result from there, and counts
+its tokens in the broker (`corral.broker.metering`), never from a file the
+agent could rewrite.
 """
 
 from __future__ import annotations
@@ -103,8 +108,12 @@ class RunLayout:
     def session_dir(self, n: int) -> Path:
         return self.root / "sessions" / f"session-{n}"
 
-    def agent_out(self, n: int) -> Path:
-        return self.session_dir(n) / "agent"
+    def agent_stdout(self, n: int) -> Path:
+        """Host-only: written by corral from the agent sandbox's stdout pipe."""
+        return self.session_dir(n) / "agent.stdout.log"
+
+    def agent_stderr(self, n: int) -> Path:
+        return self.session_dir(n) / "agent.stderr.log"
 
     def product_dir(self, n: int) -> Path:
         return self.session_dir(n) / "product"
@@ -175,15 +184,22 @@ def agent_request(
 
 
 def agent_broker_config(
-    mission: Mission, provider: ProviderRef, synthetic_url: str | None
+    mission: Mission,
+    provider: ProviderRef,
+    synthetic_url: str | None,
+    token_budget: int | None = None,
 ) -> BrokerConfig:
     """Rules from `[network].allow` plus the provider route (credentials injected).
 
     The route is `corral agent run`'s (`corral.agents.routes.provider_route`),
-    under the name `provider`. UsageError when a synthetic provider has no URL.
+    under the name `provider`, with its token usage metered and, with a
+    `token_budget` (what the session may still spend), refused once spent.
+    UsageError when a synthetic provider has no URL.
     """
     base = BrokerConfig.from_allow_flags(mission.settings.network.allow)
-    route = RouteConfig.model_validate(provider_route(provider_choice(provider), synthetic_url))
+    doc = provider_route(provider_choice(provider), synthetic_url)
+    doc = {**doc, "meter_usage": True, "token_budget": token_budget}
+    route = RouteConfig.model_validate(doc)
     return base.model_copy(update={"routes": {PROVIDER_ROUTE: route}})
 
 
@@ -201,13 +217,15 @@ def agent_spec(
     broker_config: BrokerConfig,
     ro_paths: tuple[str, ...],
 ) -> SandboxSpec:
-    """The agent sandbox of session `n`."""
-    out = layout.agent_out(n)
+    """The agent sandbox of session `n`: only the workspace writable.
+
+    Its stdio is the caller's (pipes, see `corral.run.capture`): nothing the
+    host reads after the session lies under a mount the agent can write.
+    """
     env = base_env(sandbox_proxy_env())
     binds = [Bind(p, writable=False) for p in ro_paths]
-    binds.append(Bind(str(out), writable=True))
     return SandboxSpec(
-        argv=redirect_argv(launch.wrapped_argv(), out / "stdout.log", out / "stderr.log"),
+        argv=launch.wrapped_argv(),
         workspace=str(layout.workspace),
         env=tuple(sorted(env.items())),
         binds=tuple(binds),

@@ -222,6 +222,7 @@ class NamespaceSandbox:
         init_kind: Literal["auto", "c", "python"] = "auto",
         stdio: tuple[int | None, int | None, int | None] | None = None,
     ) -> None:
+        """`stdio`: descriptors for the sandbox's stdin, stdout, stderr (default: corral's own)."""
         self.spec = spec
         # None: inherit corral's stdio, with /dev/null for any terminal.
         self._stdio = stdio

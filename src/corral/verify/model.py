@@ -321,6 +321,8 @@ class MissionSpec:
     max_sessions: int = 1
     next_files: tuple[tuple[str, str], ...] = ()
     host_views: bool = False
+    token_budget: int | None = None
+    """The mission's run-wide `token_budget` (none by default)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -675,10 +675,26 @@ def _run_facts(run_dir: Path, exit_code: int | None) -> dict[str, Any]:
                 "commit": s.commit_sha,
                 "files": _commit_files(run_dir / "git", run_dir / "workspace", s.commit_sha),
                 "snapshot": (run_dir / "snapshots" / f"session-{s.n}").is_dir(),
+                "tokens": s.tokens,
+                "end_reason": s.end_reason,
             }
             for s in store.sessions()
         ]
+    facts["provider_replies"] = _provider_replies(run_dir / "transcripts" / "provider.jsonl")
     return facts
+
+
+def _provider_replies(path: Path) -> int | None:
+    """How many replies the synthetic provider served (its host-side transcript)."""
+    if not path.is_file():
+        return None
+    text = _read_plain(path, 16 << 20)
+    n = 0
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError):
+            rec = json.loads(line)
+            n += isinstance(rec, dict) and rec.get("kind") == "reply"
+    return n
 
 
 def _commit_files(git_dir: Path, work_tree: Path, commit: str | None) -> list[str]:

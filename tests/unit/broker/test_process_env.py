@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from corral.broker.process import broker_argv, proxy_env
 
 
@@ -37,11 +39,17 @@ def test_broker_argv() -> None:
         ready_fd=7,
         parent_pid=99,
         python="/usr/bin/python3",
+        source="/opt/corral/src",
     )
-    assert argv == [
-        "/usr/bin/python3", "-I", "-m", "corral.broker", "serve", "--config", "-",
+    assert argv[:3] == ["/usr/bin/python3", "-I", "-c"]
+    assert argv[4:] == [
+        "/opt/corral/src", "serve", "--config", "-",
         "--journal", "/r/journal.sqlite", "--env", "agent", "--run", "r1", "--session", "s1",
         "--listen-fd", "5", "--listen-fd", "6", "--listen", "127.0.0.1:0",
         "--listen-unix", "/r/b.sock", "--ready-fd", "7", "--parent-pid", "99",
     ]  # fmt: skip
     assert broker_argv("j") == broker_argv("j")
+    # The broker runs the launcher's own corral, whatever the site-packages say.
+    import corral
+
+    assert broker_argv("j")[4] == str(Path(corral.__file__).resolve().parents[1])

@@ -227,10 +227,14 @@ def test_agent_spec_workspace_rw_egress_only_through_the_broker() -> None:
     )
     assert spec.workspace == "/r/demo-1/workspace" and spec.env_kind == "agent"
     assert spec.network.needs_broker
-    assert {(b.path, b.writable) for b in spec.binds} == {
-        ("/r/demo-1/tools", False),
-        ("/r/demo-1/sessions/session-1/agent", True),
-    }
+    # Only the workspace is writable: the agent's output reaches the host
+    # through pipes, and no file the host reads later is under a mount of it.
+    assert {(b.path, b.writable) for b in spec.binds} == {("/r/demo-1/tools", False)}
+    assert not (LAYOUT.agent_stdout(1).is_relative_to(Path(spec.workspace)))
+    route = cfg.routes["provider"]
+    assert route.meter_usage and route.token_budget is None
+    budgeted = agent_broker_config(MISSION, ProviderRef("synthetic", "s"), "http://127.0.0.1:1", 7)
+    assert budgeted.routes["provider"].token_budget == 7
     env = dict(spec.env)
     assert env["HTTP_PROXY"] == "http://127.0.0.1:3128"
     assert not any(k.endswith("API_KEY") and v != "corral-brokered" for k, v in env.items())

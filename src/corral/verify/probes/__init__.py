@@ -15,6 +15,7 @@ from corral.verify.probes import (
     report_forgery,
     resources,
     secrets,
+    session_record,
     terminal_and_uids,
     usability,
 )
@@ -39,6 +40,7 @@ def all_probes() -> list[Probe]:
         *terminal_and_uids.PROBES,
         *report_forgery.PROBES,
         *hostile_files.PROBES,
+        *session_record.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:
