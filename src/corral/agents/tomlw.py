@@ -19,12 +19,14 @@ from corral.errors import ConfigError
 
 __all__ = ["dumps", "key", "value"]
 
-_BARE = re.compile(r"^[A-Za-z0-9_-]+$")
+# fullmatch, not `^…$`: `$` also matches before a trailing newline, which
+# would write the key "a\n" bare and break the document.
+_BARE = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def key(name: str) -> str:
     """A key, bare when TOML allows it, else a quoted string."""
-    return name if _BARE.match(name) else _string(name)
+    return name if _BARE.fullmatch(name) else _string(name)
 
 
 def _string(text: str) -> str:

@@ -54,6 +54,10 @@ def test_toml_round_trip(doc: dict[str, object]) -> None:
     assert tomllib.loads(tomlw.dumps(doc)) == doc
 
 
+def test_toml_quotes_a_key_with_a_trailing_newline() -> None:
+    assert tomllib.loads(tomlw.dumps({"0\n": False})) == {"0\n": False}
+
+
 def test_toml_refuses_what_it_cannot_write() -> None:
     with pytest.raises(ConfigError):
         tomlw.dumps({"x": float("nan")})
