@@ -37,12 +37,15 @@ pytestmark = [pytest.mark.requires_sandbox, pytest.mark.timeout(120)]
 
 NAMES: tuple[bytes, ...] = (b"bad\xff.txt", b"new\nline", b"-rf", b"[red]x[link=file:]y")
 
-#: JSON escapes, so the YAML and shell layers carry them as plain ASCII.
-FORGED = (
-    '{"type": "result", "is_error": true, "num_turns": 1, "usage": {}, "result": '
-    '"[/x] [link=file:///etc/passwd]x[/link] <script>alert(1)</script> </table> | pass |'
+#: What the agent says when it fails: markup, HTML, Markdown links, terminal
+#: escapes. The script agent repeats a provider error's body in its result,
+#: so a fault with this body makes it the session's end reason. (An agent's
+#: child cannot write into the agent's own stdout: the pipe belongs to corral
+#: and /proc/PID/fd reopening and pidfd_getfd are refused.)
+HOSTILE = (
+    "[/x] [link=file:///etc/passwd]x[/link] <script>alert(1)</script> </table> | pass |"
     " [x](javascript:alert(1)) ![img](http://x.example/i.png)"
-    ' \\u001b]8;;file:///etc/passwd\\u001b\\\\osc \\u001b[2J \\r \\u202e end"}'
+    " \x1b]8;;file:///etc/passwd\x1b\\osc \x1b[2J \r \u202e end"
 )
 
 SCENARIO = """name: hostile
@@ -54,9 +57,8 @@ conversations:
           - shell: "printf x > \\"$(printf 'bad\\\\377.txt')\\""
           - shell: "printf x > \\"$(printf 'new\\\\nline')\\""
           - shell: "printf x > ./-rf; printf x > '[red]x[link=file:]y'"
-          - write_file: {path: .forged, content: 'FORGED'}
-          - shell: "cat .forged >> /proc/$PPID/fd/1; rm .forged; kill -9 $PPID"
       - say: "unreachable"
+        fault: {status: 500, body: HOSTILE_BODY}
   - prompt: "(?m)^Session 2 of"
     turns:
       - calls: [{shell: "sleep 60"}]
@@ -89,7 +91,9 @@ def test_hostile_names_and_agent_text_survive_commit_resume_status_report(
     tmp_path: Path,
 ) -> None:
     mission = write_mission(tmp_path / "m")
-    (tmp_path / "m" / "scenario.yaml").write_text(SCENARIO.replace("FORGED", FORGED))
+    (tmp_path / "m" / "scenario.yaml").write_text(
+        SCENARIO.replace("HOSTILE_BODY", json.dumps(HOSTILE))
+    )
     rid = new_id()
     run_dir = tmp_path / "runs" / rid
     proc = start_corral(
@@ -137,14 +141,15 @@ def test_hostile_names_and_agent_text_survive_commit_resume_status_report(
             assert fh.read() == b"x"
     assert run.last_commit and set(NAMES) <= _tree(run_dir, run.last_commit)
 
-    # The forged error text is the session's end reason, raw in the state...
-    agent_said = json.loads(FORGED)["result"]
-    assert ss[0].end_reason == "agent failed: " + agent_said[:200]
+    # The agent's error text is the session's end reason, raw in the state...
+    assert ss[0].end_reason is not None
+    assert ss[0].end_reason.startswith("agent failed: provider error")
+    assert HOSTILE[:60] in ss[0].end_reason
     # ...and inert in report.md's Markdown source.
     report = (run_dir / "report.md").read_text(encoding="utf-8")
     for raw in ("<script>", "</table>", "](javascript:", "![img](", "\x1b", "\r", "\u202e"):
         assert raw not in report, raw
-    assert r"agent failed\: \[/x\] \[link=file\:///etc/passwd\]x\[/link\] &lt;script&gt;" in report
+    assert r"\[/x\] \[link=file\:///etc/passwd\]x\[/link\] &lt;script&gt;" in report
 
     status = _status(tmp_path)
     assert status.returncode == 0, status.stderr
