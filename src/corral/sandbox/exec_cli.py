@@ -113,6 +113,13 @@ def _parser() -> _Parser:
         help="run even though this protection layer is unavailable",
     )
     p.add_argument(
+        "--unprotect",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="let the command write this host-executed workspace name (e.g. .git, .envrc)",
+    )
+    p.add_argument(
         "--dry-run", action="store_true", help="print the bubblewrap command line and exit"
     )
     return p
@@ -188,6 +195,8 @@ def build_spec(ns: argparse.Namespace, cmd: list[str], caller_env: dict[str, str
         raise UsageError(f"workspace {ws_raw} does not exist")
     if not os.path.isdir(ws_raw):
         raise UsageError(f"workspace {ws_raw} is not a directory")
+    from corral.sandbox.protect import validate_unprotect
+
     workspace = validate_path(ws_raw, "workspace", writable=True, home=home)
     binds: list[Bind] = []
     for p in ns.ro:
@@ -219,6 +228,8 @@ def build_spec(ns: argparse.Namespace, cmd: list[str], caller_env: dict[str, str
         allow_degraded=frozenset(ns.allow_degraded),
         run_id=ns.run_id,
         session_id=ns.session_id,
+        protect=True,
+        unprotect=validate_unprotect(ns.unprotect),
     )
 
 

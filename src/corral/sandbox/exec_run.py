@@ -45,6 +45,24 @@ def _journal_event(
     journal.append(obs)
 
 
+def _journal_protect(
+    journal: Journal | None, *, spec: SandboxSpec, run: str, state: object
+) -> None:
+    """Journal what was protected and every `--unprotect` opt-out; warn on a cut-short scan."""
+    if not isinstance(state, dict):
+        return
+    if state.get("truncated"):
+        sys.stderr.write(
+            "corral exec: warning: the workspace scan for nested repositories stopped at its"
+            " limit; repositories below it are not protected\n"
+        )
+    unprotected = state.get("unprotected") or []
+    reason = f"{state.get('protected', 0)} host-executed path(s) read-only"
+    if unprotected:
+        reason += f"; unprotected by request: {' '.join(map(str, unprotected))}"
+    _journal_event(journal, spec=spec, run=run, event="protect", reason=reason, detail=state)
+
+
 def _journal_outcome(
     journal: Journal | None, run: str, result: ExecResult, spec: SandboxSpec
 ) -> None:
@@ -122,6 +140,8 @@ def execute(
         from corral.sandbox.exec_cli import quote_argv
 
         sys.stdout.write(quote_argv(preview_argv(spec)) + "\n")
+        if spec.unprotect:
+            sys.stderr.write(f"corral exec: unprotected: {' '.join(sorted(spec.unprotect))}\n")
         return None
     run = spec.run_id or f"exec-{os.urandom(4).hex()}"
     with contextlib.ExitStack() as stack:
@@ -169,6 +189,7 @@ def execute(
                         reason=f"layer {layer} {state}",
                         detail={"layer": layer},
                     )
+            _journal_protect(jw, spec=spec, run=run, state=running.layers.get("protect"))
             try:
                 result = running.wait(spec.limits.timeout_s)
             except interrupted_exc as exc:

@@ -46,6 +46,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Literal
 
+    from corral.sandbox.protect import Placeholders
+
 __all__ = [
     "INSIDE_UID",
     "SANDBOX_HOST_GID",
@@ -317,6 +319,7 @@ class NamespaceSandbox:
         started = time.monotonic()
         cgroup: Cgroup | None = None
         fds_to_close: list[int] = []
+        placeholders: Placeholders | None = None
         try:
             if layout is not None:
                 with contextlib.suppress(CgroupError, OSError):
@@ -373,6 +376,12 @@ class NamespaceSandbox:
                     staged.append(bw.StagedBind(mounts.staged_path(i), path, writable))
             else:
                 staged = [bw.StagedBind(p, p, w) for p, w in binds]
+            protect_binds: tuple[tuple[str, str], ...] = ()
+            if spec.protect:
+                from corral.sandbox.protect import start_protection
+
+                protect_binds, placeholders = start_protection(spec, staged, cache_dir())
+                layers.active["protect"] = placeholders.summary
 
             plan = bw.BwrapPlan(
                 bwrap=bwrap_path,
@@ -388,6 +397,7 @@ class NamespaceSandbox:
                 seccomp_fd=seccomp_fd,
                 info_fd=info_fd,
                 block_fd=block_r,
+                protect_binds=protect_binds,
             )
             argv = bw.build_argv(plan)
             parent = os.getpid()
@@ -449,7 +459,9 @@ class NamespaceSandbox:
                 layers=layers.active,
                 started=started,
                 spec=spec,
+                placeholders=placeholders,
             )
+            placeholders = None
             if self._network_hook is not None:
                 assert info_r is not None and block_w is not None
                 try:
@@ -471,6 +483,8 @@ class NamespaceSandbox:
             if cgroup is not None:
                 with contextlib.suppress(CgroupError):
                     cgroup.remove()
+            if placeholders is not None:
+                placeholders.release()
             raise
 
 
@@ -520,8 +534,10 @@ class RunningSandbox:
         layers: dict[str, object],
         started: float,
         spec: SandboxSpec,
+        placeholders: Placeholders | None = None,
     ) -> None:
         self.proc = proc
+        self._placeholders = placeholders
         self.cgroup = cgroup
         self._status_fd = status_fd
         self.layers = layers
@@ -670,6 +686,8 @@ class RunningSandbox:
         finally:
             with contextlib.suppress(OSError):
                 os.close(self._status_fd)
+            if self._placeholders is not None:
+                self._placeholders.release()
 
 
 def init_command(
@@ -725,6 +743,7 @@ def preview_argv(spec: SandboxSpec, *, root: bool | None = None) -> list[str]:
     """The bwrap argv `start()` would use, with placeholder descriptor numbers."""
     from corral.sandbox import landlock
     from corral.sandbox.initbin import init_binary
+    from corral.sandbox.protect import preview_protection
 
     root = os.geteuid() == 0 if root is None else root
     binds = [(spec.workspace, True), *((b.path, b.writable) for b in spec.binds)]
@@ -747,5 +766,6 @@ def preview_argv(spec: SandboxSpec, *, root: bool | None = None) -> list[str]:
         sandbox_uid=INSIDE_UID,
         sandbox_gid=INSIDE_UID,
         seccomp_fd=15,
+        protect_binds=preview_protection(spec, staged) if spec.protect else (),
     )
     return bw.build_argv(plan)

@@ -1,0 +1,558 @@
+"""Host-executed workspace files: which paths `corral exec` makes read-only.
+
+A sandbox may write anything in its workspace, but some names there are
+*executed by the host* later: git runs `.git/hooks/*` and commands named in
+`.git/config` (core.fsmonitor, core.hooksPath, filters) on the user's next
+commit, direnv runs `.envrc` on `cd`, editors run `.vscode/tasks.json` and
+`.devcontainer/`, agent CLIs load `.mcp.json`, `.claude/` and `.codex/`, and
+shells source `.bashrc`/`.profile`/`.zshrc`. Those paths are protected:
+
+* an existing one is bound read-only over itself, after the workspace bind;
+* a missing one at the top of a writable tree gets an empty placeholder
+  (directory or file) that corral creates on the host and binds read-only
+  over itself, so the name cannot be created. A mount needs a dentry on the
+  underlying filesystem and Landlock cannot exclude a child name from a
+  writable hierarchy, so there is no mechanism that avoids the placeholder.
+  The placeholders are recorded (durably, before the sandbox starts) and
+  removed after teardown if they are still the empty inode corral created; a
+  record whose owner pid is gone is swept on the next start;
+* every nested repository found by a bounded walk (a `.git` directory or
+  file) is protected whole, and so is a worktree's gitdir (and its common
+  dir) when it lies inside a writable tree.
+
+The whole `.git` is read-only rather than only its executable parts: hooks,
+config, info/attributes and every file git reads as configuration would have
+to be listed exactly and kept current with git, and a writable objects/refs
+store still lets the sandbox rewrite history the user later checks out. The
+cost is that the sandbox cannot commit (or `git init`) in the user's
+repository; `--unprotect .git` is the opt-out.
+
+`scan_tree` does the bounded I/O (lstat, scandir without following symlinks,
+small reads of `.git` files); `plan` is a pure function of what it found.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from corral.errors import LayerUnavailableError, SandboxStartError, UsageError
+
+# Not `typing.TYPE_CHECKING`: importing typing costs ~5 ms on every `corral exec`.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Literal
+
+    from corral.sandbox.bwrap import StagedBind
+    from corral.sandbox.spec import SandboxSpec
+
+    Kind = Literal["dir", "file", "symlink", "other"]
+
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_ENTRIES",
+    "MAX_GUARDS",
+    "PROTECTED_DIRS",
+    "PROTECTED_FILES",
+    "PROTECTED_NAMES",
+    "Guard",
+    "Placeholders",
+    "ProtectPlan",
+    "RepoFact",
+    "TreeFacts",
+    "bind_pairs",
+    "compute",
+    "plan",
+    "preview_protection",
+    "record_dir",
+    "scan_tree",
+    "start_protection",
+    "sweep_stale",
+    "validate_unprotect",
+]
+
+#: Directories the host executes or loads configuration from.
+PROTECTED_DIRS: tuple[str, ...] = (".git", ".vscode", ".idea", ".claude", ".codex", ".devcontainer")
+#: Files the host executes, sources or loads.
+PROTECTED_FILES: tuple[str, ...] = (
+    ".gitmodules",
+    ".envrc",
+    ".mcp.json",
+    ".bashrc",
+    ".bash_profile",
+    ".bash_login",
+    ".bash_logout",
+    ".profile",
+    ".zshrc",
+    ".zshenv",
+    ".zprofile",
+    ".zlogin",
+)
+PROTECTED_NAMES: tuple[str, ...] = PROTECTED_DIRS + PROTECTED_FILES
+
+#: Bounds of the walk for nested repositories (per writable tree).
+MAX_DEPTH = 8
+MAX_ENTRIES = 20000
+#: At most this many read-only binds; past it the plan is marked truncated.
+MAX_GUARDS = 512
+_GITFILE_MAX = 4096
+_NAMES_B = frozenset(os.fsencode(n) for n in PROTECTED_NAMES)
+
+
+@dataclass(frozen=True, slots=True)
+class RepoFact:
+    """A `.git` entry below the top of a tree, or a top-level one that is a file."""
+
+    path: str
+    kind: Kind
+    #: For a `.git` file: the realpath of its gitdir and of that gitdir's commondir.
+    gitdir: str | None = None
+    commondir: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TreeFacts:
+    """What a bounded scan of one writable tree found."""
+
+    tree: str
+    #: Each listed name at the top of the tree and its kind (None: absent).
+    top: tuple[tuple[str, Kind | None], ...]
+    #: Listed names that exist deeper (not `.git`), with their kind.
+    deep: tuple[tuple[str, Kind], ...]
+    repos: tuple[RepoFact, ...]
+    truncated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """One protected path (absolute; the same inside the sandbox and on the host).
+
+    `create` is the placeholder to make when the path does not exist.
+    """
+
+    path: str
+    create: Literal["dir", "file"] | None
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProtectPlan:
+    guards: tuple[Guard, ...]
+    unprotected: tuple[str, ...]
+    truncated: bool = False
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "protected": len(self.guards),
+            "created": sum(1 for g in self.guards if g.create),
+            "unprotected": list(self.unprotected),
+            "truncated": self.truncated,
+        }
+
+
+def validate_unprotect(names: Iterable[str]) -> frozenset[str]:
+    """The `--unprotect` names; anything not on the documented list is bad input."""
+    out = set()
+    for name in names:
+        if name not in PROTECTED_NAMES:
+            raise UsageError(
+                f"--unprotect {name!r} is not a protected name"
+                f" (one of: {' '.join(PROTECTED_NAMES)})"
+            )
+        out.add(name)
+    return frozenset(out)
+
+
+def _kind(mode: int) -> Kind:
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISREG(mode):
+        return "file"
+    return "other"
+
+
+def _lkind(path: str) -> Kind | None:
+    try:
+        return _kind(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return None
+
+
+def _read_small(path: str) -> bytes | None:
+    """Up to _GITFILE_MAX bytes of a regular file, without following a final
+    symlink and without blocking on a FIFO planted under the name."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, _GITFILE_MAX)
+    finally:
+        os.close(fd)
+
+
+def _gitfile_targets(dotgit: str) -> tuple[str | None, str | None]:
+    data = _read_small(dotgit)
+    if data is None:
+        return None, None
+    line = data.split(b"\n", 1)[0].strip()
+    if not line.startswith(b"gitdir:"):
+        return None, None
+    raw = os.fsdecode(line[len(b"gitdir:") :].strip())
+    if not raw:
+        return None, None
+    gitdir = os.path.realpath(os.path.join(os.path.dirname(dotgit), raw))
+    if not os.path.isdir(gitdir):
+        return None, None
+    common = _read_small(os.path.join(gitdir, "commondir"))
+    commondir = None
+    if common is not None and common.strip():
+        commondir = os.path.realpath(
+            os.path.join(gitdir, os.fsdecode(common.split(b"\n", 1)[0].strip()))
+        )
+        if not os.path.isdir(commondir):
+            commondir = None
+    return gitdir, commondir
+
+
+def _repo_fact(path: str, kind: Kind) -> RepoFact:
+    if kind == "file":
+        gitdir, commondir = _gitfile_targets(path)
+        return RepoFact(path, kind, gitdir, commondir)
+    return RepoFact(path, kind)
+
+
+def scan_tree(
+    tree: str, *, max_depth: int = MAX_DEPTH, max_entries: int = MAX_ENTRIES
+) -> TreeFacts:
+    """Bounded scan of one writable tree (an absolute, resolved directory).
+
+    Breadth-first, never following symlinks, names handled as bytes; `.git`
+    directories are not entered (they are protected whole). Stops after
+    `max_entries` directory entries or below `max_depth` and says so.
+    """
+    top = tuple((name, _lkind(os.path.join(tree, name))) for name in PROTECTED_NAMES)
+    repos: list[RepoFact] = []
+    kind = dict(top).get(".git")
+    if kind is not None:
+        repos.append(_repo_fact(os.path.join(tree, ".git"), kind))
+    deep: list[tuple[str, Kind]] = []
+    truncated = False
+    seen = 0
+    queue: deque[tuple[bytes, int]] = deque([(os.fsencode(tree), 0)])
+    while queue and not truncated:
+        here, depth = queue.popleft()
+        try:
+            it = os.scandir(here)
+        except OSError:
+            continue
+        with it:
+            for entry in it:
+                seen += 1
+                if seen > max_entries:
+                    truncated = True
+                    break
+                try:
+                    mode = entry.stat(follow_symlinks=False).st_mode
+                except OSError:
+                    continue
+                k = _kind(mode)
+                if depth > 0 and entry.name in _NAMES_B:
+                    path = os.fsdecode(entry.path)
+                    if entry.name == b".git":
+                        repos.append(_repo_fact(path, k))
+                    else:
+                        deep.append((path, k))
+                if k == "dir" and entry.name != b".git":
+                    if depth + 1 >= max_depth:
+                        truncated = True
+                    else:
+                        queue.append((entry.path, depth + 1))
+    return TreeFacts(tree, top, tuple(deep), tuple(repos), truncated)
+
+
+def _within(path: str, tree: str) -> bool:
+    return path == tree or path.startswith(tree.rstrip("/") + "/")
+
+
+def _refuse_symlink(path: str, name: str) -> LayerUnavailableError:
+    return LayerUnavailableError(
+        "protect",
+        f"{path} is a symlink; a host-executed path cannot be protected through a link",
+        f"replace it with the file it points to, or pass --unprotect {name}",
+    )
+
+
+def plan(facts: Sequence[TreeFacts], unprotect: frozenset[str]) -> ProtectPlan:
+    """What to protect in the given writable trees. Pure.
+
+    Raises LayerUnavailableError("protect", ...) when a protected name is a
+    symlink (a bind would follow it) or a writable tree lies inside a `.git`
+    directory, unless the name is unprotected.
+    """
+    trees = [f.tree for f in facts]
+    guards: dict[str, Guard] = {}
+    truncated = any(f.truncated for f in facts)
+
+    def add(path: str, create: Literal["dir", "file"] | None, why: str) -> None:
+        nonlocal truncated
+        if path in guards:
+            return
+        if len(guards) >= MAX_GUARDS:
+            truncated = True
+            return
+        guards[path] = Guard(path, create, why)
+
+    for f in facts:
+        if ".git" not in unprotect and ".git" in f.tree.split("/"):
+            raise LayerUnavailableError(
+                "protect",
+                f"writable tree {f.tree} is inside a .git directory",
+                "choose the repository's work tree, or pass --unprotect .git",
+            )
+        for name, kind in f.top:
+            if name in unprotect:
+                continue
+            path = os.path.join(f.tree, name)
+            if kind == "symlink":
+                raise _refuse_symlink(path, name)
+            if kind is None:
+                add(path, "dir" if name in PROTECTED_DIRS else "file", "listed")
+            else:
+                add(path, None, "listed")
+        for path, kind in f.deep:
+            name = os.path.basename(path)
+            if name in unprotect:
+                continue
+            if kind == "symlink":
+                raise _refuse_symlink(path, name)
+            add(path, None, "listed")
+        if ".git" in unprotect:
+            continue
+        for repo in f.repos:
+            if repo.kind == "symlink":
+                raise _refuse_symlink(repo.path, ".git")
+            add(repo.path, None, "repository")
+            for target in (repo.gitdir, repo.commondir):
+                if target is not None and any(_within(target, t) for t in trees):
+                    add(target, None, "worktree gitdir")
+    ordered = sorted(guards.values(), key=lambda g: (g.path.count("/"), g.path))
+    return ProtectPlan(tuple(ordered), tuple(sorted(unprotect)), truncated)
+
+
+def compute(trees: Sequence[str], unprotect: frozenset[str]) -> ProtectPlan:
+    """Scan each writable tree and plan what to protect."""
+    return plan([scan_tree(t) for t in trees if os.path.isdir(t)], unprotect)
+
+
+def bind_pairs(p: ProtectPlan, sources: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """(bwrap source, dest) for each guard. `sources` maps each writable tree
+    to where bwrap finds it (the idmapped staging path when root, else itself)."""
+    out: list[tuple[str, str]] = []
+    by_depth = sorted(sources, key=lambda s: len(s[0]), reverse=True)
+    for g in p.guards:
+        tree, src = next(((t, s) for t, s in by_depth if _within(g.path, t)), (g.path, g.path))
+        rel = os.path.relpath(g.path, tree)
+        out.append((src if rel == "." else os.path.join(src, rel), g.path))
+    return tuple(out)
+
+
+# -- placeholders on the host ---------------------------------------------------------
+
+
+def record_dir(cache: str) -> str:
+    """Where placeholder records live under corral's cache directory."""
+    return os.path.join(cache, "placeholders")
+
+
+def _record_name() -> str:
+    return f"exec-{os.getpid()}-{os.urandom(4).hex()}.json"
+
+
+def _write_record(path: str, rows: list[dict[str, object]]) -> None:
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, json.dumps(rows).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _remove_if_ours(row: dict[str, object]) -> bool:
+    """Remove a placeholder if it is still the empty inode corral created."""
+    path = str(row["path"])
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return True
+    ino = row.get("ino")
+    if ino is not None and (st.st_ino, st.st_dev) != (ino, row.get("dev")):
+        return True  # not ours any more: leave it
+    try:
+        if row["kind"] == "dir" and stat.S_ISDIR(st.st_mode):
+            os.rmdir(path)  # fails if anything is inside
+        elif row["kind"] == "file" and stat.S_ISREG(st.st_mode) and st.st_size == 0:
+            os.unlink(path)
+    except OSError:
+        return False
+    return True
+
+
+class Placeholders:
+    """The placeholders one sandbox needs, created on the host and recorded.
+
+    Use `create()` before bwrap starts and `release()` after the sandbox's
+    mount namespace is gone (a placeholder is then no longer a mountpoint).
+    """
+
+    def __init__(self, p: ProtectPlan, record_dir: str) -> None:
+        self.plan = p
+        self._wanted = [g for g in p.guards if g.create is not None]
+        self._record_dir = record_dir
+        self._record: str | None = None
+        self._rows: list[dict[str, object]] = []
+
+    @property
+    def summary(self) -> dict[str, object]:
+        return self.plan.summary()
+
+    def create(self) -> None:
+        if not self._wanted:
+            return
+        os.makedirs(self._record_dir, mode=0o700, exist_ok=True)
+        self._record = os.path.join(self._record_dir, _record_name())
+        # Durable before created: a crash after this leaves a record the next
+        # start sweeps (rows without an inode are removed only if empty).
+        self._rows = [{"path": g.path, "kind": g.create} for g in self._wanted]
+        _write_record(self._record, self._rows)
+        made: list[dict[str, object]] = []
+        try:
+            for row in self._rows:
+                path = str(row["path"])
+                parent = os.open(
+                    os.path.dirname(path),
+                    os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                )
+                try:
+                    name = os.path.basename(path)
+                    if row["kind"] == "dir":
+                        os.mkdir(name, 0o755, dir_fd=parent)
+                    else:
+                        fd = os.open(
+                            name,
+                            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                            0o644,
+                            dir_fd=parent,
+                        )
+                        os.close(fd)
+                    st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+                finally:
+                    os.close(parent)
+                made.append({**row, "ino": st.st_ino, "dev": st.st_dev})
+        except OSError as exc:
+            self._rows = made
+            self.release()
+            raise SandboxStartError(
+                exc.errno or 0, f"protect: cannot create placeholder {exc.filename}: {exc.strerror}"
+            ) from exc
+        self._rows = made
+        _write_record(self._record, self._rows)
+
+    def release(self) -> None:
+        """Remove what `create()` made (only if unchanged), then the record."""
+        left = [row for row in self._rows if not _remove_if_ours(row)]
+        self._rows = []
+        if self._record is None:
+            return
+        with contextlib.suppress(OSError):
+            if left:
+                _write_record(self._record, left)
+            else:
+                os.unlink(self._record)
+        self._record = None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale(record_dir: str) -> list[str]:
+    """Remove placeholders recorded by corral processes that no longer exist."""
+    removed: list[str] = []
+    try:
+        names = os.listdir(record_dir)
+    except OSError:
+        return removed
+    for name in names:
+        parts = name.removesuffix(".json").split("-")
+        if not name.endswith(".json") or len(parts) != 3 or not parts[1].isdigit():
+            continue
+        pid = int(parts[1])
+        if pid == os.getpid() or _alive(pid):
+            continue
+        path = os.path.join(record_dir, name)
+        try:
+            with open(path, "rb") as fh:
+                rows = json.loads(fh.read(1 << 20))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(rows, list):
+            continue
+        left = [r for r in rows if isinstance(r, dict) and "path" in r and not _remove_if_ours(r)]
+        removed += [str(r["path"]) for r in rows if isinstance(r, dict) and r not in left]
+        with contextlib.suppress(OSError):
+            if left:
+                _write_record(path, left)
+            else:
+                os.unlink(path)
+    return removed
+
+
+# -- what the namespace backend calls -------------------------------------------------
+
+
+def _writable(staged: Sequence[StagedBind]) -> tuple[list[str], list[tuple[str, str]]]:
+    trees = [b.dest for b in staged if b.writable]
+    return trees, [(b.dest, b.source) for b in staged if b.writable]
+
+
+def preview_protection(
+    spec: SandboxSpec, staged: Sequence[StagedBind]
+) -> tuple[tuple[str, str], ...]:
+    """The read-only binds `start_protection` would add; creates nothing."""
+    trees, sources = _writable(staged)
+    return bind_pairs(compute(trees, spec.unprotect), sources)
+
+
+def start_protection(
+    spec: SandboxSpec, staged: Sequence[StagedBind], cache: str
+) -> tuple[tuple[tuple[str, str], ...], Placeholders]:
+    """Sweep stale placeholders, plan, create this sandbox's placeholders.
+
+    Returns the read-only binds and the placeholders to release after teardown.
+    """
+    where = record_dir(cache)
+    with contextlib.suppress(OSError):
+        sweep_stale(where)
+    trees, sources = _writable(staged)
+    p = compute(trees, spec.unprotect)
+    placeholders = Placeholders(p, where)
+    placeholders.create()
+    return bind_pairs(p, sources), placeholders
