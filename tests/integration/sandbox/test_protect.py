@@ -1,0 +1,223 @@
+"""M6 under `corral exec`: workspace files the host executes stay out of reach.
+
+The sandbox plants git hooks, git config commands, `.envrc`, editor and agent
+configuration and shell rc files, in the workspace's repository, a nested
+repository and a repository whose gitdir is a separate directory; then the
+*host* runs plain git over them. A planted command that runs touches a file
+in a host directory the sandbox cannot see. The same attack with every name
+`--unprotect`ed is the control: there the host runs the planted commands.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from corral.broker.journal import read_rows
+from corral.sandbox.protect import PROTECTED_NAMES
+
+from .conftest import ExecFn, corral_argv, processes_with, wait_for
+
+pytestmark = [pytest.mark.requires_sandbox]
+
+_GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.invalid",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.invalid",
+    "GIT_CONFIG_NOSYSTEM": "1",
+}
+
+
+def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **_GIT_ENV, "GIT_CONFIG_GLOBAL": "/dev/null"}
+    return subprocess.run(
+        ["git", "-C", str(cwd), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def _repo(path: Path, *init: str) -> None:
+    path.mkdir(exist_ok=True)
+    assert _git(path, "init", "-q", *init).returncode == 0
+    (path / "README").write_text("x\n")
+    assert _git(path, "add", "README").returncode == 0
+    assert _git(path, "commit", "-q", "-m", "init").returncode == 0
+
+
+@pytest.fixture
+def repos(workspace: Path) -> Path:
+    """The workspace as a repository, with a nested one and one whose gitdir
+    is a separate directory in the workspace (the worktree/separate-gitdir case)."""
+    _repo(workspace)
+    _repo(workspace / "sub")
+    (workspace / "proj").mkdir()
+    _repo(workspace / "proj", f"--separate-git-dir={workspace / 'store'}")
+    assert (workspace / "proj" / ".git").is_file()
+    return workspace
+
+
+def _attack(hits: Path) -> str:
+    plant = f'plant() {{ printf \'#!/bin/sh\\ntouch {hits}/%s\\n\' "$2" > "$1"; chmod +x "$1"; }}\n'
+    return plant + "\n".join(
+        [
+            "plant .git/hooks/pre-commit pre-commit",
+            "plant fsm.sh fsmonitor",
+            'printf "[core]\\n\\tfsmonitor = $PWD/fsm.sh\\n" >> .git/config',
+            f"echo 'touch {hits}/envrc' > .envrc",
+            f'mkdir -p .vscode && echo \'{{"cmd": "touch {hits}/vscode"}}\' > .vscode/tasks.json',
+            f"echo 'touch {hits}/bashrc' >> .bashrc",
+            f'echo \'{{"cmd": "touch {hits}/mcp"}}\' > .mcp.json',
+            "plant sub/.git/hooks/pre-commit sub-pre-commit",
+            "plant store/hooks/pre-commit store-pre-commit",
+            "echo ordinary > work.txt",
+            "true",
+        ]
+    )
+
+
+def _host_uses(ws: Path) -> None:
+    """What the user does next on the host: commit in each repository."""
+    for repo in (ws, ws / "sub", ws / "proj"):
+        _git(repo, "status")
+        _git(repo, "commit", "-q", "--allow-empty", "-m", "after the agent")
+
+
+def _snapshot(ws: Path) -> dict[str, bytes]:
+    files = [ws / ".git" / "config", ws / "sub" / ".git" / "config", ws / "store" / "config"]
+    return {str(f): f.read_bytes() for f in files}
+
+
+def test_planted_host_executed_files_never_run_on_the_host(
+    corral_exec: ExecFn, repos: Path, tmp_path: Path
+) -> None:
+    hits = tmp_path / "hits"
+    hits.mkdir()
+    before = _snapshot(repos)
+    out = corral_exec("sh", "-c", _attack(hits))
+    assert out.code == 0, out.stderr
+    assert (repos / "work.txt").read_text() == "ordinary\n"  # ordinary work still lands
+    _host_uses(repos)
+    assert sorted(os.listdir(hits)) == []
+    assert _snapshot(repos) == before
+    for rel in (".envrc", ".vscode", ".bashrc", ".mcp.json"):
+        assert not os.path.lexists(repos / rel), rel
+    for hooks in (repos / ".git", repos / "sub" / ".git", repos / "store"):
+        assert not (hooks / "hooks" / "pre-commit").exists()
+    protect = out.summary["layers"]["protect"]  # type: ignore[index]
+    assert protect["unprotected"] == []  # type: ignore[index]
+
+
+def test_control_unprotected_names_do_run_on_the_host(
+    corral_exec: ExecFn, repos: Path, tmp_path: Path
+) -> None:
+    """The same attack with every name unprotected reaches the host: the
+    test above is not passing because the attack is broken."""
+    hits = tmp_path / "hits"
+    hits.mkdir()
+    opts = tuple(a for n in PROTECTED_NAMES for a in ("--unprotect", n))
+    out = corral_exec("sh", "-c", _attack(hits), opts=opts)
+    assert out.code == 0, out.stderr
+    _host_uses(repos)
+    ran = set(os.listdir(hits))
+    assert {"pre-commit", "fsmonitor", "sub-pre-commit", "store-pre-commit"} <= ran
+    assert (repos / ".envrc").read_text().startswith("touch")
+    assert (repos / ".vscode" / "tasks.json").exists()
+
+
+def test_no_names_in_workspace_leaves_nothing_behind(corral_exec: ExecFn, workspace: Path) -> None:
+    out = corral_exec("sh", "-c", "test -d .vscode && test -f .envrc && ! touch .envrc 2>/dev/null")
+    assert out.code == 0, out.stderr  # the placeholders were there and read-only inside
+    assert os.listdir(workspace) == []
+
+
+def test_ordinary_work_and_git_inside(corral_exec: ExecFn, repos: Path) -> None:
+    out = corral_exec(
+        "sh", "-c", "mkdir -p src/a && echo hi > src/a/f.py && git status --porcelain src"
+    )
+    assert out.code == 0, out.stderr
+    assert "src/" in out.stdout
+    assert (repos / "src" / "a" / "f.py").read_text() == "hi\n"
+
+
+def test_unprotect_git_lets_the_sandbox_commit(
+    corral_exec: ExecFn, repos: Path, tmp_path: Path
+) -> None:
+    journal = tmp_path / "j.sqlite"
+    ident = "-c user.name=a -c user.email=a@example.invalid"
+    out = corral_exec(
+        "sh",
+        "-c",
+        f"echo v > v.txt && git add v.txt && git {ident} commit -q -m agent && echo ok",
+        opts=("--unprotect", ".git", "--journal", str(journal)),
+    )
+    assert out.code == 0, out.stderr
+    assert "agent" in _git(repos, "log", "--format=%s", "-1").stdout
+    rows = [r for r in read_rows(journal) if "host-executed" in r.reason]
+    assert len(rows) == 1
+    assert "unprotected by request: .git" in rows[0].reason
+    assert rows[0].detail["unprotected"] == [".git"]
+
+
+def test_symlinked_protected_name_is_refused(
+    corral_exec: ExecFn, workspace: Path, tmp_path: Path
+) -> None:
+    target = tmp_path / "real-envrc"
+    target.write_text("")
+    (workspace / ".envrc").symlink_to(target)
+    out = corral_exec("sh", "-c", f"echo 'touch {tmp_path}/hit' > .envrc")
+    assert out.code == 125
+    assert "protect" in out.stderr and ".envrc" in out.stderr
+    assert target.read_text() == ""
+
+
+def test_unknown_unprotect_name_is_bad_input(corral_exec: ExecFn) -> None:
+    out = corral_exec("true", opts=("--unprotect", "README"))
+    assert out.code == 2
+    assert out.stderr.count("\n") == 1 and "--unprotect" in out.stderr
+
+
+def test_dry_run_shows_protection(workspace: Path) -> None:
+    argv = corral_argv("--workspace", str(workspace), "--unprotect", ".envrc", "--dry-run", "true")
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{workspace}/.bashrc" in proc.stdout
+    assert f"{workspace}/.envrc" not in proc.stdout
+    assert "unprotected: .envrc" in proc.stderr
+    assert os.listdir(workspace) == []  # a dry run creates nothing
+
+
+def _sandboxed_sh(marker: str) -> bool:
+    for pid in processes_with(marker):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] == b"sh":
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def test_placeholders_of_a_killed_corral_are_swept(
+    corral_exec: ExecFn, workspace: Path, tmp_path: Path, marker: str
+) -> None:
+    argv = corral_argv("--workspace", str(workspace), "--", "sh", "-c", "sleep 60", marker)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: _sandboxed_sh(marker), 20)  # the command is running
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert (workspace / ".envrc").exists()  # left behind by the killed corral
+    other = tmp_path / "other"
+    other.mkdir()
+    assert corral_exec("true", ws=other).code == 0
+    assert os.listdir(workspace) == []
+    assert os.listdir(other) == []
