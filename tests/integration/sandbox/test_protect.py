@@ -112,8 +112,9 @@ def test_planted_host_executed_files_never_run_on_the_host(
         assert not os.path.lexists(repos / rel), rel
     for hooks in (repos / ".git", repos / "sub" / ".git", repos / "store"):
         assert not (hooks / "hooks" / "pre-commit").exists()
-    protect = out.summary["layers"]["protect"]  # type: ignore[index]
-    assert protect["unprotected"] == []  # type: ignore[index]
+    layers = out.summary["layers"]
+    assert isinstance(layers, dict)
+    assert layers["protect"]["unprotected"] == []
 
 
 def test_control_unprotected_names_do_run_on_the_host(

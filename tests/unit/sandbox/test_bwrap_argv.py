@@ -170,3 +170,24 @@ def test_ro_binds_follow_data_files_before_user_binds() -> None:
         "/run/corral/init",
     ]
     assert argv.index("/etc/passwd") < i < argv.index("/work/p")
+
+
+def test_protect_binds_come_after_every_user_bind() -> None:
+    # A protected path inside the workspace must be mounted over the
+    # workspace bind, never hidden under it.
+    protect = (
+        ("/run/corral-stage/0/.git", "/work/p/.git"),
+        ("/run/corral-stage/0/.envrc", "/work/p/.envrc"),
+    )
+    argv = build_argv(_plan(protect_binds=protect))
+    i = argv.index("/work/p/.git")
+    assert argv[i - 2 : i + 4] == [
+        "--ro-bind",
+        "/run/corral-stage/0/.git",
+        "/work/p/.git",
+        "--ro-bind",
+        "/run/corral-stage/0/.envrc",
+        "/work/p/.envrc",
+    ]
+    assert argv.index("/work/p") < i < argv.index("--remount-ro")
+    assert build_argv(_plan()) == GOLDEN

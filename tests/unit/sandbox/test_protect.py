@@ -1,0 +1,269 @@
+"""The host-executed file list, the bounded scan and the plan (no sandbox)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from corral.errors import LayerUnavailableError, SandboxStartError, UsageError
+from corral.sandbox import protect as pr
+from corral.sandbox.protect import Guard, Placeholders, ProtectPlan, RepoFact, TreeFacts
+
+if TYPE_CHECKING:
+    from corral.sandbox.protect import Kind
+
+
+def _facts(
+    tree: str = "/w",
+    *,
+    top: dict[str, Kind | None] | None = None,
+    deep: tuple[tuple[str, Kind], ...] = (),
+    repos: tuple[RepoFact, ...] = (),
+) -> TreeFacts:
+    names: dict[str, Kind | None] = dict.fromkeys(pr.PROTECTED_NAMES)
+    names.update(top or {})
+    return TreeFacts(tree=tree, top=tuple(names.items()), deep=deep, repos=repos)
+
+
+def _by_path(plan: ProtectPlan) -> dict[str, Guard]:
+    return {g.path: g for g in plan.guards}
+
+
+def test_missing_names_get_placeholders_of_the_right_kind() -> None:
+    guards = _by_path(pr.plan([_facts()], frozenset()))
+    assert set(guards) == {f"/w/{n}" for n in pr.PROTECTED_NAMES}
+    assert guards["/w/.git"].create == "dir"
+    assert guards["/w/.vscode"].create == "dir"
+    assert guards["/w/.envrc"].create == "file"
+    assert guards["/w/.bashrc"].create == "file"
+
+
+def test_existing_names_are_bound_over_themselves() -> None:
+    facts = _facts(top={".git": "dir", ".envrc": "file"}, repos=(RepoFact("/w/.git", "dir"),))
+    guards = _by_path(pr.plan([facts], frozenset()))
+    assert guards["/w/.git"].create is None
+    assert guards["/w/.envrc"].create is None
+
+
+def test_unprotect_removes_names_everywhere() -> None:
+    facts = _facts(repos=(RepoFact("/w/sub/.git", "dir"),), deep=(("/w/sub/.envrc", "file"),))
+    plan = pr.plan([facts], frozenset({".git", ".envrc"}))
+    paths = {g.path for g in plan.guards}
+    assert not any(p.endswith((".git", ".envrc")) for p in paths)
+    assert plan.unprotected == (".envrc", ".git")
+    assert plan.summary()["unprotected"] == [".envrc", ".git"]
+
+
+def test_nested_repositories_and_deep_names_are_protected() -> None:
+    facts = _facts(
+        repos=(RepoFact("/w/a/b/.git", "dir"), RepoFact("/w/c/.git", "file")),
+        deep=(("/w/a/.vscode", "dir"),),
+    )
+    guards = _by_path(pr.plan([facts], frozenset()))
+    assert guards["/w/a/b/.git"].why == "repository"
+    assert guards["/w/c/.git"].create is None
+    assert guards["/w/a/.vscode"].create is None
+
+
+def test_worktree_gitdir_protected_only_inside_a_writable_tree() -> None:
+    repos = (
+        RepoFact("/w/wt/.git", "file", gitdir="/w/store/worktrees/wt", commondir="/w/store"),
+        RepoFact("/w/x/.git", "file", gitdir="/elsewhere/.git", commondir=None),
+    )
+    guards = _by_path(pr.plan([_facts(repos=repos), _facts("/rw")], frozenset()))
+    assert guards["/w/store/worktrees/wt"].why == "worktree gitdir"
+    assert "/w/store" in guards
+    assert "/elsewhere/.git" not in guards
+    # a gitdir in another writable tree (an --rw grant) is protected too
+    repos2 = (RepoFact("/w/.git", "file", gitdir="/rw/.git/worktrees/w", commondir="/rw/.git"),)
+    guards2 = _by_path(pr.plan([_facts(repos=repos2), _facts("/rw")], frozenset()))
+    assert "/rw/.git/worktrees/w" in guards2
+
+
+@pytest.mark.parametrize(
+    "facts",
+    [
+        _facts(top={".envrc": "symlink"}),
+        _facts(deep=(("/w/a/.bashrc", "symlink"),)),
+        _facts(repos=(RepoFact("/w/a/.git", "symlink"),)),
+    ],
+)
+def test_symlinked_names_are_refused(facts: TreeFacts) -> None:
+    with pytest.raises(LayerUnavailableError) as exc:
+        pr.plan([facts], frozenset())
+    assert exc.value.layer == "protect"
+    assert "--unprotect" in str(exc.value)
+
+
+def test_symlink_under_an_unprotected_name_is_accepted() -> None:
+    plan = pr.plan([_facts(top={".envrc": "symlink"})], frozenset({".envrc"}))
+    assert "/w/.envrc" not in _by_path(plan)
+
+
+def test_writable_tree_inside_dot_git_is_refused() -> None:
+    with pytest.raises(LayerUnavailableError, match=r"inside a \.git directory"):
+        pr.plan([_facts("/p/.git/hooks")], frozenset())
+    assert pr.plan([_facts("/p/.git/hooks")], frozenset({".git"})).guards
+
+
+def test_guard_cap_marks_the_plan_truncated() -> None:
+    deep: tuple[tuple[str, Kind], ...] = tuple(
+        (f"/w/d{i}/.envrc", "file") for i in range(pr.MAX_GUARDS + 5)
+    )
+    plan = pr.plan([_facts(deep=deep)], frozenset())
+    assert len(plan.guards) == pr.MAX_GUARDS
+    assert plan.truncated
+
+
+def test_guards_are_ordered_parents_first() -> None:
+    facts = _facts(repos=(RepoFact("/w/a/b/c/.git", "dir"), RepoFact("/w/a/.git", "dir")))
+    depths = [g.path.count("/") for g in pr.plan([facts], frozenset()).guards]
+    assert depths == sorted(depths)
+
+
+def test_validate_unprotect() -> None:
+    assert pr.validate_unprotect([".git", ".git", ".envrc"]) == {".git", ".envrc"}
+    with pytest.raises(UsageError, match="README"):
+        pr.validate_unprotect(["README"])
+
+
+def test_bind_pairs_use_the_staged_source() -> None:
+    plan = ProtectPlan(
+        (Guard("/w/.git", None, "listed"), Guard("/w/sub/x/.git", None, "repository")), ()
+    )
+    sources = [("/w", "/run/corral-stage/0"), ("/w/sub", "/run/corral-stage/2")]
+    assert pr.bind_pairs(plan, sources) == (
+        ("/run/corral-stage/0/.git", "/w/.git"),
+        ("/run/corral-stage/2/x/.git", "/w/sub/x/.git"),
+    )
+
+
+# -- the scan (real files in tmp_path) -------------------------------------------------
+
+
+def test_scan_finds_nested_repos_with_byte_names_and_skips_symlinks(tmp_path: Path) -> None:
+    odd = os.fsencode(tmp_path) + b"/caf\xe9-\xff"
+    os.makedirs(odd + b"/.git/hooks")
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / ".git").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")  # not followed: found once, via real/
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / ".idea").mkdir()
+    facts = pr.scan_tree(str(tmp_path))
+    paths = sorted(r.path for r in facts.repos)
+    assert paths == sorted([os.fsdecode(odd + b"/.git"), str(tmp_path / "real" / ".git")])
+    assert (str(tmp_path / "a" / "b" / ".idea"), "dir") in facts.deep
+    assert dict(facts.top)[".git"] is None
+    assert not facts.truncated
+    plan = pr.plan([facts], frozenset())
+    dests = {d for _, d in pr.bind_pairs(plan, [(str(tmp_path), str(tmp_path))])}
+    assert os.fsdecode(odd + b"/.git") in dests
+
+
+def test_scan_reads_a_git_file_and_its_commondir(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    (store / "worktrees" / "wt").mkdir(parents=True)
+    (store / "worktrees" / "wt" / "commondir").write_text("../..\n")
+    (tmp_path / "wt").mkdir()
+    (tmp_path / "wt" / ".git").write_text("gitdir: ../store/worktrees/wt\n")
+    facts = pr.scan_tree(str(tmp_path))
+    (repo,) = facts.repos
+    assert repo.gitdir == str(store / "worktrees" / "wt")
+    assert repo.commondir == str(store)
+
+
+def test_scan_does_not_block_on_a_fifo_named_git(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / ".git")
+    facts = pr.scan_tree(str(tmp_path))
+    assert dict(facts.top)[".git"] == "other"
+    assert facts.repos == (RepoFact(str(tmp_path / ".git"), "other"),)
+
+
+def test_scan_caps_depth_and_entries(tmp_path: Path) -> None:
+    deep = tmp_path.joinpath(*[f"d{i}" for i in range(pr.MAX_DEPTH + 2)])
+    deep.mkdir(parents=True)
+    (deep / ".git").mkdir()
+    facts = pr.scan_tree(str(tmp_path))
+    assert facts.truncated and facts.repos == ()
+    for i in range(30):
+        (tmp_path / f"f{i}").touch()
+    assert pr.scan_tree(str(tmp_path), max_entries=10).truncated
+
+
+# -- placeholders -------------------------------------------------------------------
+
+
+def _placeholder_plan(ws: Path) -> ProtectPlan:
+    return ProtectPlan(
+        (Guard(str(ws / ".vscode"), "dir", "listed"), Guard(str(ws / ".envrc"), "file", "listed")),
+        (),
+    )
+
+
+def test_placeholders_created_then_removed(tmp_path: Path) -> None:
+    ws, records = tmp_path / "ws", tmp_path / "rec"
+    ws.mkdir()
+    ph = Placeholders(_placeholder_plan(ws), str(records))
+    ph.create()
+    assert (ws / ".vscode").is_dir() and (ws / ".envrc").is_file()
+    (row,) = [json.loads(p.read_text()) for p in records.iterdir()]
+    assert {r["path"] for r in row} == {str(ws / ".vscode"), str(ws / ".envrc")}
+    assert all("ino" in r for r in row)
+    ph.release()
+    assert os.listdir(ws) == [] and os.listdir(records) == []
+
+
+def test_placeholder_that_gained_content_is_left_alone(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    ph = Placeholders(_placeholder_plan(ws), str(tmp_path / "rec"))
+    ph.create()
+    (ws / ".envrc").write_text("the user's own\n")
+    (ws / ".vscode" / "settings.json").write_text("{}")
+    ph.release()
+    assert (ws / ".envrc").read_text() == "the user's own\n"
+    assert (ws / ".vscode" / "settings.json").exists()
+
+
+def test_placeholder_creation_failure_fails_closed_and_cleans_up(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    plan = ProtectPlan(
+        (
+            Guard(str(ws / ".vscode"), "dir", "listed"),
+            Guard(str(ws / "missing" / ".envrc"), "file", "listed"),
+        ),
+        (),
+    )
+    with pytest.raises(SandboxStartError, match="placeholder"):
+        Placeholders(plan, str(tmp_path / "rec")).create()
+    assert os.listdir(ws) == []
+
+
+def test_sweep_removes_records_of_dead_owners_only(tmp_path: Path) -> None:
+    ws, records = tmp_path / "ws", tmp_path / "rec"
+    ws.mkdir()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    dead_pid = int(dead.stdout)
+    ph = Placeholders(_placeholder_plan(ws), str(records))
+    ph.create()
+    (mine,) = os.listdir(records)
+    os.rename(records / mine, records / f"exec-{dead_pid}-00000000.json")
+    alive = records / f"exec-{os.getppid()}-11111111.json"
+    (ws / ".claude").mkdir()
+    alive.write_text(json.dumps([{"path": str(ws / ".claude"), "kind": "dir"}]))
+    removed = pr.sweep_stale(str(records))
+    assert sorted(removed) == sorted([str(ws / ".vscode"), str(ws / ".envrc")])
+    assert os.listdir(ws) == [".claude"]
+    assert os.listdir(records) == [alive.name]
