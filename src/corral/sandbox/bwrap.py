@@ -93,9 +93,10 @@ class BwrapPlan:
     seccomp_fd: int | None = None
     info_fd: int | None = None
     block_fd: int | None = None
-    #: (source, dest) read-only binds over host-executed workspace paths,
-    #: mounted after every user bind (sandbox/protect.py).
-    protect_binds: tuple[tuple[str, str], ...] = ()
+    #: Binds over host-executed workspace paths (read-only) and their parent
+    #: directories (pinned writable), parents first, mounted after every user
+    #: bind (sandbox/protect.py).
+    protect_binds: tuple[StagedBind, ...] = ()
 
 
 def _depth_key(bind: StagedBind) -> tuple[int, str]:
@@ -147,8 +148,8 @@ def build_argv(plan: BwrapPlan) -> list[str]:
         argv += ["--ro-bind", source, dest]
     for bind in sorted(plan.binds, key=_depth_key):
         argv += ["--bind" if bind.writable else "--ro-bind", bind.source, bind.dest]
-    for source, dest in plan.protect_binds:
-        argv += ["--ro-bind", source, dest]
+    for bind in plan.protect_binds:
+        argv += ["--bind" if bind.writable else "--ro-bind", bind.source, bind.dest]
     argv += ["--remount-ro", "/"]
     if plan.seccomp_fd is not None:
         argv += ["--seccomp", str(plan.seccomp_fd)]

@@ -376,7 +376,7 @@ class NamespaceSandbox:
                     staged.append(bw.StagedBind(mounts.staged_path(i), path, writable))
             else:
                 staged = [bw.StagedBind(p, p, w) for p, w in binds]
-            protect_binds: tuple[tuple[str, str], ...] = ()
+            protect_binds: tuple[bw.StagedBind, ...] = ()
             if spec.protect:
                 from corral.sandbox.protect import start_protection
 

@@ -42,13 +42,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from corral.errors import LayerUnavailableError, SandboxStartError, UsageError
+from corral.sandbox.bwrap import StagedBind
 
 # Not `typing.TYPE_CHECKING`: importing typing costs ~5 ms on every `corral exec`.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Literal
 
-    from corral.sandbox.bwrap import StagedBind
     from corral.sandbox.spec import SandboxSpec
 
     Kind = Literal["dir", "file", "symlink", "other"]
@@ -145,10 +145,13 @@ class ProtectPlan:
     guards: tuple[Guard, ...]
     unprotected: tuple[str, ...]
     truncated: bool = False
+    #: Writable directories bound over themselves (see `_ancestors`).
+    pins: tuple[str, ...] = ()
 
     def summary(self) -> dict[str, object]:
         return {
             "protected": len(self.guards),
+            "pinned": len(self.pins),
             "created": sum(1 for g in self.guards if g.create),
             "unprotected": list(self.unprotected),
             "truncated": self.truncated,
@@ -345,8 +348,52 @@ def plan(facts: Sequence[TreeFacts], unprotect: frozenset[str]) -> ProtectPlan:
             for target in (repo.gitdir, repo.commondir):
                 if target is not None and any(_within(target, t) for t in trees):
                     add(target, None, "worktree gitdir")
-    ordered = sorted(guards.values(), key=lambda g: (g.path.count("/"), g.path))
-    return ProtectPlan(tuple(ordered), tuple(sorted(unprotect)), truncated)
+    kept = [g for g in guards.values() if not any(_inside(g.path, o) for o in guards)]
+    pins: set[str] = set()
+    for g in kept:
+        pins.update(_ancestors(g.path, trees))
+    if len(kept) + len(pins) > MAX_GUARDS:
+        truncated = True
+        by_depth = sorted(kept, key=lambda g: (g.path.count("/"), g.path))
+        kept, pins = [], set()
+        for g in by_depth:
+            more = _ancestors(g.path, trees) - pins
+            if len(kept) + len(pins) + len(more) + 1 > MAX_GUARDS:
+                break
+            kept.append(g)
+            pins |= more
+    ordered = sorted(kept, key=lambda g: (g.path.count("/"), g.path))
+    return ProtectPlan(
+        tuple(ordered), tuple(sorted(unprotect)), truncated, tuple(sorted(pins, key=_depth))
+    )
+
+
+def _depth(path: str) -> tuple[int, str]:
+    return (path.count("/"), path)
+
+
+def _inside(path: str, other: str) -> bool:
+    return path != other and _within(path, other)
+
+
+def _ancestors(path: str, trees: Sequence[str]) -> set[str]:
+    """The directories between the innermost tree holding `path` and `path`.
+
+    Each is pinned (bound over itself, still writable) so that it is a
+    mountpoint inside the sandbox: rename(2) and rmdir(2) of a mountpoint
+    fail with EBUSY, so the sandbox cannot move a protected repository
+    aside and create a look-alike at the path the user will use.
+    """
+    holders = [t for t in trees if _inside(path, t)]
+    if not holders:
+        return set()
+    top = max(holders, key=len)
+    out: set[str] = set()
+    parent = os.path.dirname(path)
+    while _inside(parent, top):
+        out.add(parent)
+        parent = os.path.dirname(parent)
+    return out
 
 
 def compute(trees: Sequence[str], unprotect: frozenset[str]) -> ProtectPlan:
@@ -354,16 +401,22 @@ def compute(trees: Sequence[str], unprotect: frozenset[str]) -> ProtectPlan:
     return plan([scan_tree(t) for t in trees if os.path.isdir(t)], unprotect)
 
 
-def bind_pairs(p: ProtectPlan, sources: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
-    """(bwrap source, dest) for each guard. `sources` maps each writable tree
-    to where bwrap finds it (the idmapped staging path when root, else itself)."""
-    out: list[tuple[str, str]] = []
-    by_depth = sorted(sources, key=lambda s: len(s[0]), reverse=True)
-    for g in p.guards:
-        tree, src = next(((t, s) for t, s in by_depth if _within(g.path, t)), (g.path, g.path))
-        rel = os.path.relpath(g.path, tree)
-        out.append((src if rel == "." else os.path.join(src, rel), g.path))
-    return tuple(out)
+def bind_pairs(p: ProtectPlan, sources: Sequence[tuple[str, str]]) -> tuple[StagedBind, ...]:
+    """The binds for a plan, parents first: pins writable, guards read-only.
+
+    `sources` maps each writable tree to where bwrap finds it (the idmapped
+    staging path when root, else the tree itself).
+    """
+    by_len = sorted(sources, key=lambda s: len(s[0]), reverse=True)
+
+    def source(path: str) -> str:
+        tree, src = next(((t, s) for t, s in by_len if _within(path, t)), (path, path))
+        rel = os.path.relpath(path, tree)
+        return src if rel == "." else os.path.join(src, rel)
+
+    binds = [StagedBind(source(d), d, True) for d in p.pins]
+    binds += [StagedBind(source(g.path), g.path, False) for g in p.guards]
+    return tuple(sorted(binds, key=lambda b: _depth(b.dest)))
 
 
 # -- placeholders on the host ---------------------------------------------------------
@@ -533,9 +586,7 @@ def _writable(staged: Sequence[StagedBind]) -> tuple[list[str], list[tuple[str, 
     return trees, [(b.dest, b.source) for b in staged if b.writable]
 
 
-def preview_protection(
-    spec: SandboxSpec, staged: Sequence[StagedBind]
-) -> tuple[tuple[str, str], ...]:
+def preview_protection(spec: SandboxSpec, staged: Sequence[StagedBind]) -> tuple[StagedBind, ...]:
     """The read-only binds `start_protection` would add; creates nothing."""
     trees, sources = _writable(staged)
     return bind_pairs(compute(trees, spec.unprotect), sources)
@@ -543,7 +594,7 @@ def preview_protection(
 
 def start_protection(
     spec: SandboxSpec, staged: Sequence[StagedBind], cache: str
-) -> tuple[tuple[tuple[str, str], ...], Placeholders]:
+) -> tuple[tuple[StagedBind, ...], Placeholders]:
     """Sweep stale placeholders, plan, create this sandbox's placeholders.
 
     Returns the read-only binds and the placeholders to release after teardown.

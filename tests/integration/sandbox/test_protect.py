@@ -222,3 +222,28 @@ def test_placeholders_of_a_killed_corral_are_swept(
     assert corral_exec("true", ws=other).code == 0
     assert os.listdir(workspace) == []
     assert os.listdir(other) == []
+
+
+def test_nested_repo_cannot_be_moved_aside_and_replaced(
+    corral_exec: ExecFn, workspace: Path, tmp_path: Path
+) -> None:
+    """Renaming a nested repository (or its parent) away and planting a
+    look-alike with a hook at the old path must fail: the user's next commit
+    in `a/sub` would run the look-alike's hook."""
+    hits = tmp_path / "hits"
+    hits.mkdir()
+    (workspace / "a").mkdir()
+    _repo(workspace / "a" / "sub")
+    attack = (
+        "mv a/sub a/sub.old || mv a a.old || rm -rf a/sub || rm -rf a\n"
+        "mkdir -p a/sub && git init -q a/sub\n"
+        f"printf '#!/bin/sh\\ntouch {hits}/hook\\n' > a/sub/.git/hooks/pre-commit\n"
+        "chmod +x a/sub/.git/hooks/pre-commit\n"
+        "true\n"
+    )
+    out = corral_exec("sh", "-c", attack)
+    assert out.code == 0, out.stderr
+    _git(workspace / "a" / "sub", "commit", "-q", "--allow-empty", "-m", "user")
+    assert os.listdir(hits) == []
+    assert not (workspace / "a.old").exists() and not (workspace / "a" / "sub.old").exists()
+    assert "user" in _git(workspace / "a" / "sub", "log", "--format=%s", "-1").stdout

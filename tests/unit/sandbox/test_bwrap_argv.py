@@ -176,18 +176,22 @@ def test_protect_binds_come_after_every_user_bind() -> None:
     # A protected path inside the workspace must be mounted over the
     # workspace bind, never hidden under it.
     protect = (
-        ("/run/corral-stage/0/.git", "/work/p/.git"),
-        ("/run/corral-stage/0/.envrc", "/work/p/.envrc"),
+        StagedBind("/run/corral-stage/0/.git", "/work/p/.git", False),
+        StagedBind("/run/corral-stage/0/a", "/work/p/a", True),
+        StagedBind("/run/corral-stage/0/a/.git", "/work/p/a/.git", False),
     )
     argv = build_argv(_plan(protect_binds=protect))
     i = argv.index("/work/p/.git")
-    assert argv[i - 2 : i + 4] == [
+    assert argv[i - 2 : i + 7] == [
         "--ro-bind",
         "/run/corral-stage/0/.git",
         "/work/p/.git",
+        "--bind",
+        "/run/corral-stage/0/a",
+        "/work/p/a",
         "--ro-bind",
-        "/run/corral-stage/0/.envrc",
-        "/work/p/.envrc",
+        "/run/corral-stage/0/a/.git",
+        "/work/p/a/.git",
     ]
     assert argv.index("/work/p") < i < argv.index("--remount-ro")
     assert build_argv(_plan()) == GOLDEN

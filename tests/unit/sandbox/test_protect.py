@@ -13,6 +13,7 @@ import pytest
 
 from corral.errors import LayerUnavailableError, SandboxStartError, UsageError
 from corral.sandbox import protect as pr
+from corral.sandbox.bwrap import StagedBind
 from corral.sandbox.protect import Guard, Placeholders, ProtectPlan, RepoFact, TreeFacts
 
 if TYPE_CHECKING:
@@ -77,13 +78,18 @@ def test_worktree_gitdir_protected_only_inside_a_writable_tree() -> None:
         RepoFact("/w/x/.git", "file", gitdir="/elsewhere/.git", commondir=None),
     )
     guards = _by_path(pr.plan([_facts(repos=repos), _facts("/rw")], frozenset()))
-    assert guards["/w/store/worktrees/wt"].why == "worktree gitdir"
-    assert "/w/store" in guards
+    assert guards["/w/store"].why == "worktree gitdir"  # holds the gitdir too
     assert "/elsewhere/.git" not in guards
+    only_gitdir = (RepoFact("/w/wt/.git", "file", gitdir="/w/g/wt", commondir="/elsewhere"),)
+    guards = _by_path(pr.plan([_facts(repos=only_gitdir)], frozenset()))
+    assert guards["/w/g/wt"].why == "worktree gitdir"
+    assert "/elsewhere" not in guards
     # a gitdir in another writable tree (an --rw grant) is protected too
-    repos2 = (RepoFact("/w/.git", "file", gitdir="/rw/.git/worktrees/w", commondir="/rw/.git"),)
-    guards2 = _by_path(pr.plan([_facts(repos=repos2), _facts("/rw")], frozenset()))
-    assert "/rw/.git/worktrees/w" in guards2
+    repos2 = (RepoFact("/w/.git", "file", gitdir="/rw/st/worktrees/w", commondir="/rw/st"),)
+    facts2 = _facts(top={".git": "file"}, repos=repos2)
+    guards2 = _by_path(pr.plan([facts2, _facts("/rw")], frozenset()))
+    assert "/rw/st" in guards2
+    assert guards2["/w/.git"].create is None  # the gitdir: file itself
 
 
 @pytest.mark.parametrize(
@@ -114,11 +120,13 @@ def test_writable_tree_inside_dot_git_is_refused() -> None:
 
 def test_guard_cap_marks_the_plan_truncated() -> None:
     deep: tuple[tuple[str, Kind], ...] = tuple(
-        (f"/w/d{i}/.envrc", "file") for i in range(pr.MAX_GUARDS + 5)
+        (f"/w/d{i}/.envrc", "file") for i in range(pr.MAX_GUARDS)
     )
     plan = pr.plan([_facts(deep=deep)], frozenset())
-    assert len(plan.guards) == pr.MAX_GUARDS
+    assert len(plan.guards) + len(plan.pins) == pr.MAX_GUARDS
     assert plan.truncated
+    # the top-level names come first: they are never what the cap drops
+    assert {f"/w/{n}" for n in pr.PROTECTED_NAMES} <= {g.path for g in plan.guards}
 
 
 def test_guards_are_ordered_parents_first() -> None:
@@ -133,15 +141,33 @@ def test_validate_unprotect() -> None:
         pr.validate_unprotect(["README"])
 
 
-def test_bind_pairs_use_the_staged_source() -> None:
-    plan = ProtectPlan(
-        (Guard("/w/.git", None, "listed"), Guard("/w/sub/x/.git", None, "repository")), ()
+def test_bind_pairs_use_the_staged_source_and_pin_parents() -> None:
+    plan = pr.plan(
+        [
+            _facts(top={".git": "dir"}, repos=(RepoFact("/w/.git", "dir"),)),
+            _facts("/w/sub", repos=(RepoFact("/w/sub/x/y/.git", "dir"),)),
+        ],
+        frozenset(),
     )
+    assert plan.pins == ("/w/sub/x", "/w/sub/x/y")
     sources = [("/w", "/run/corral-stage/0"), ("/w/sub", "/run/corral-stage/2")]
-    assert pr.bind_pairs(plan, sources) == (
-        ("/run/corral-stage/0/.git", "/w/.git"),
-        ("/run/corral-stage/2/x/.git", "/w/sub/x/.git"),
+    binds = {b.dest: b for b in pr.bind_pairs(plan, sources)}
+    assert binds["/w/.git"] == StagedBind("/run/corral-stage/0/.git", "/w/.git", False)
+    assert binds["/w/sub/x"] == StagedBind("/run/corral-stage/2/x", "/w/sub/x", True)
+    assert binds["/w/sub/x/y/.git"].writable is False
+    dests = [b.dest for b in pr.bind_pairs(plan, sources)]
+    assert dests.index("/w/sub/x") < dests.index("/w/sub/x/y") < dests.index("/w/sub/x/y/.git")
+
+
+def test_paths_inside_a_protected_directory_are_not_bound_again() -> None:
+    facts = _facts(
+        top={".vscode": "dir"},
+        repos=(RepoFact("/w/.vscode/ext/.git", "dir"),),
+        deep=(("/w/.vscode/ext/.envrc", "file"),),
     )
+    plan = pr.plan([facts], frozenset())
+    assert not any(g.path.startswith("/w/.vscode/") for g in plan.guards)
+    assert plan.pins == ()  # a writable pin would re-open the read-only .vscode
 
 
 # -- the scan (real files in tmp_path) -------------------------------------------------
@@ -162,7 +188,7 @@ def test_scan_finds_nested_repos_with_byte_names_and_skips_symlinks(tmp_path: Pa
     assert dict(facts.top)[".git"] is None
     assert not facts.truncated
     plan = pr.plan([facts], frozenset())
-    dests = {d for _, d in pr.bind_pairs(plan, [(str(tmp_path), str(tmp_path))])}
+    dests = {b.dest for b in pr.bind_pairs(plan, [(str(tmp_path), str(tmp_path))])}
     assert os.fsdecode(odd + b"/.git") in dests
 
 
