@@ -264,12 +264,17 @@ def scan_tree(
                 if seen > max_entries:
                     truncated = True
                     break
+                listed = depth > 0 and entry.name in _NAMES_B
                 try:
-                    mode = entry.stat(follow_symlinks=False).st_mode
+                    # d_type from getdents answers is_dir without a stat
+                    # per entry; only listed names need their exact kind.
+                    if listed:
+                        k = _kind(entry.stat(follow_symlinks=False).st_mode)
+                    else:
+                        k = "dir" if entry.is_dir(follow_symlinks=False) else "other"
                 except OSError:
                     continue
-                k = _kind(mode)
-                if depth > 0 and entry.name in _NAMES_B:
+                if listed:
                     path = os.fsdecode(entry.path)
                     if entry.name == b".git":
                         repos.append(_repo_fact(path, k))
@@ -432,11 +437,14 @@ def _record_name() -> str:
 
 
 def _write_record(path: str, rows: list[dict[str, object]]) -> None:
+    # No fsync (it cost ~15 ms per exec here): the record only has to outlive
+    # the corral process, and the page cache does. After a power loss, ext4's
+    # ordered mode commits the record's data and name no later than the
+    # placeholders created after it, so a surviving placeholder has a record.
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         os.write(fd, json.dumps(rows).encode())
-        os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
