@@ -38,7 +38,7 @@ import json
 import os
 import stat
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from corral.errors import LayerUnavailableError, SandboxStartError, UsageError
@@ -425,6 +425,19 @@ def bind_pairs(p: ProtectPlan, sources: Sequence[tuple[str, str]]) -> tuple[Stag
 
 
 # -- placeholders on the host ---------------------------------------------------------
+#
+# Records live in one directory per corral user, guarded by a flock. A record
+# `exec-<pid>-<hex>.json` is {"made": placeholders this sandbox created,
+# "uses": [dev, ino] of every existing path it binds}; `left-<hex>.json`
+# holds placeholders a finished sandbox could not remove yet. A placeholder
+# is only removed when no live record makes or uses its inode: another
+# sandbox may have found it (as an existing empty file) and bound it, and
+# unlinking a mountpoint of another mount namespace succeeds and detaches
+# that mount (Linux >= 3.18), which would let that sandbox create the name.
+# The lock makes "check the records, then unlink" and "scan, then record"
+# mutually exclusive; the bind itself comes later, after the record exists.
+
+Row = dict[str, object]
 
 
 def record_dir(cache: str) -> str:
@@ -432,26 +445,78 @@ def record_dir(cache: str) -> str:
     return os.path.join(cache, "placeholders")
 
 
-def _record_name() -> str:
-    return f"exec-{os.getpid()}-{os.urandom(4).hex()}.json"
+@contextlib.contextmanager
+def _locked(where: str) -> Iterator[None]:
+    import fcntl
+
+    os.makedirs(where, mode=0o700, exist_ok=True)
+    fd = os.open(os.path.join(where, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
-def _write_record(path: str, rows: list[dict[str, object]]) -> None:
+def _write_record(path: str, doc: dict[str, object]) -> None:
     # No fsync (it cost ~15 ms per exec here): the record only has to outlive
-    # the corral process, and the page cache does. After a power loss, ext4's
-    # ordered mode commits the record's data and name no later than the
-    # placeholders created after it, so a surviving placeholder has a record.
+    # the corral process, and the page cache does.
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
-        os.write(fd, json.dumps(rows).encode())
+        os.write(fd, json.dumps(doc).encode())
     finally:
         os.close(fd)
     os.replace(tmp, path)
 
 
-def _remove_if_ours(row: dict[str, object]) -> bool:
-    """Remove a placeholder if it is still the empty inode corral created."""
+def _read_record(path: str) -> tuple[list[Row], set[tuple[int, int]]]:
+    try:
+        with open(path, "rb") as fh:
+            doc = json.loads(fh.read(1 << 20))
+    except (OSError, ValueError):
+        return [], set()
+    if not isinstance(doc, dict):
+        return [], set()
+    made = [r for r in doc.get("made", []) if isinstance(r, dict) and "path" in r]
+    pairs = [*doc.get("uses", []), *([r.get("dev"), r.get("ino")] for r in made)]
+    uses: set[tuple[int, int]] = set()
+    for u in pairs:
+        with contextlib.suppress(TypeError, ValueError, IndexError):
+            uses.add((int(u[0]), int(u[1])))
+    return made, uses
+
+
+def _owner(name: str) -> int | None:
+    """The pid owning a record, 0 for a leftover record, None for other files."""
+    if not name.endswith(".json"):
+        return None
+    parts = name.removesuffix(".json").split("-")
+    if len(parts) == 2 and parts[0] == "left":
+        return 0
+    if len(parts) == 3 and parts[0] == "exec" and parts[1].isdigit():
+        return int(parts[1])
+    return None
+
+
+def _live(pid: int) -> bool:
+    return pid > 0 and (pid == os.getpid() or _alive(pid))
+
+
+def _in_use(where: str, skip: str | None = None) -> set[tuple[int, int]]:
+    """Inodes that a live record makes or uses."""
+    used: set[tuple[int, int]] = set()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(where):
+            pid = _owner(name)
+            if pid is not None and name != skip and _live(pid):
+                used |= _read_record(os.path.join(where, name))[1]
+    return used
+
+
+def _remove_if_ours(row: Row, used: set[tuple[int, int]]) -> bool:
+    """Remove a placeholder if it is still the empty inode corral created and
+    no live sandbox binds it; True when nothing of it is left to track."""
     path = str(row["path"])
     try:
         st = os.lstat(path)
@@ -460,6 +525,8 @@ def _remove_if_ours(row: dict[str, object]) -> bool:
     ino = row.get("ino")
     if ino is not None and (st.st_ino, st.st_dev) != (ino, row.get("dev")):
         return True  # not ours any more: leave it
+    if (st.st_dev, st.st_ino) in used:
+        return False
     try:
         if row["kind"] == "dir" and stat.S_ISDIR(st.st_mode):
             os.rmdir(path)  # fails if anything is inside
@@ -468,80 +535,6 @@ def _remove_if_ours(row: dict[str, object]) -> bool:
     except OSError:
         return False
     return True
-
-
-class Placeholders:
-    """The placeholders one sandbox needs, created on the host and recorded.
-
-    Use `create()` before bwrap starts and `release()` after the sandbox's
-    mount namespace is gone (a placeholder is then no longer a mountpoint).
-    """
-
-    def __init__(self, p: ProtectPlan, record_dir: str) -> None:
-        self.plan = p
-        self._wanted = [g for g in p.guards if g.create is not None]
-        self._record_dir = record_dir
-        self._record: str | None = None
-        self._rows: list[dict[str, object]] = []
-
-    @property
-    def summary(self) -> dict[str, object]:
-        return self.plan.summary()
-
-    def create(self) -> None:
-        if not self._wanted:
-            return
-        os.makedirs(self._record_dir, mode=0o700, exist_ok=True)
-        self._record = os.path.join(self._record_dir, _record_name())
-        # Durable before created: a crash after this leaves a record the next
-        # start sweeps (rows without an inode are removed only if empty).
-        self._rows = [{"path": g.path, "kind": g.create} for g in self._wanted]
-        _write_record(self._record, self._rows)
-        made: list[dict[str, object]] = []
-        try:
-            for row in self._rows:
-                path = str(row["path"])
-                parent = os.open(
-                    os.path.dirname(path),
-                    os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                )
-                try:
-                    name = os.path.basename(path)
-                    if row["kind"] == "dir":
-                        os.mkdir(name, 0o755, dir_fd=parent)
-                    else:
-                        fd = os.open(
-                            name,
-                            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                            0o644,
-                            dir_fd=parent,
-                        )
-                        os.close(fd)
-                    st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-                finally:
-                    os.close(parent)
-                made.append({**row, "ino": st.st_ino, "dev": st.st_dev})
-        except OSError as exc:
-            self._rows = made
-            self.release()
-            raise SandboxStartError(
-                exc.errno or 0, f"protect: cannot create placeholder {exc.filename}: {exc.strerror}"
-            ) from exc
-        self._rows = made
-        _write_record(self._record, self._rows)
-
-    def release(self) -> None:
-        """Remove what `create()` made (only if unchanged), then the record."""
-        left = [row for row in self._rows if not _remove_if_ours(row)]
-        self._rows = []
-        if self._record is None:
-            return
-        with contextlib.suppress(OSError):
-            if left:
-                _write_record(self._record, left)
-            else:
-                os.unlink(self._record)
-        self._record = None
 
 
 def _alive(pid: int) -> bool:
@@ -554,36 +547,124 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def sweep_stale(record_dir: str) -> list[str]:
-    """Remove placeholders recorded by corral processes that no longer exist."""
+def _sweep(where: str) -> list[str]:
     removed: list[str] = []
     try:
-        names = os.listdir(record_dir)
+        names = os.listdir(where)
     except OSError:
         return removed
+    used = _in_use(where)
     for name in names:
-        parts = name.removesuffix(".json").split("-")
-        if not name.endswith(".json") or len(parts) != 3 or not parts[1].isdigit():
+        pid = _owner(name)
+        if pid is None or _live(pid):
             continue
-        pid = int(parts[1])
-        if pid == os.getpid() or _alive(pid):
-            continue
-        path = os.path.join(record_dir, name)
-        try:
-            with open(path, "rb") as fh:
-                rows = json.loads(fh.read(1 << 20))
-        except (OSError, ValueError):
-            continue
-        if not isinstance(rows, list):
-            continue
-        left = [r for r in rows if isinstance(r, dict) and "path" in r and not _remove_if_ours(r)]
-        removed += [str(r["path"]) for r in rows if isinstance(r, dict) and r not in left]
+        path = os.path.join(where, name)
+        made, _ = _read_record(path)
+        left = [r for r in made if not _remove_if_ours(r, used)]
+        removed += [str(r["path"]) for r in made if r not in left]
         with contextlib.suppress(OSError):
             if left:
-                _write_record(path, left)
+                _write_record(path, {"made": left, "uses": []})
             else:
                 os.unlink(path)
     return removed
+
+
+def sweep_stale(where: str) -> list[str]:
+    """Remove placeholders recorded by corral processes that no longer exist
+    (and leftovers of finished sandboxes) that no live sandbox binds."""
+    with _locked(where):
+        return _sweep(where)
+
+
+class Placeholders:
+    """The placeholders one sandbox needs, created on the host and recorded.
+
+    Use `create()` before bwrap starts and `release()` after the sandbox's
+    mount namespace is gone (a placeholder is then no longer its mountpoint).
+    """
+
+    def __init__(self, p: ProtectPlan, where: str) -> None:
+        self.plan = p
+        self._wanted = [g for g in p.guards if g.create is not None]
+        self._where = where
+        self._record: str | None = None
+        self._rows: list[Row] = []
+
+    @property
+    def summary(self) -> dict[str, object]:
+        return self.plan.summary()
+
+    def create(self) -> None:
+        with _locked(self._where):
+            self._create()
+
+    def _create(self) -> None:
+        uses: list[list[int]] = []
+        for path in (*(g.path for g in self.plan.guards if g.create is None), *self.plan.pins):
+            with contextlib.suppress(OSError):
+                st = os.lstat(path)
+                uses.append([st.st_dev, st.st_ino])
+        if not self._wanted and not uses:
+            return
+        self._record = os.path.join(self._where, f"exec-{os.getpid()}-{os.urandom(4).hex()}.json")
+        # Recorded before created: after a crash the next start sweeps rows
+        # without an inode too (removed only if empty and of the kind made).
+        self._rows = [{"path": g.path, "kind": g.create} for g in self._wanted]
+        _write_record(self._record, {"made": self._rows, "uses": uses})
+        made: list[Row] = []
+        try:
+            for row in self._rows:
+                made.append(_make(str(row["path"]), str(row["kind"]), row))
+        except OSError as exc:
+            self._rows = made
+            self._release()
+            raise SandboxStartError(
+                exc.errno or 0, f"protect: cannot create placeholder {exc.filename}: {exc.strerror}"
+            ) from exc
+        self._rows = made
+        _write_record(self._record, {"made": self._rows, "uses": uses})
+
+    def release(self) -> None:
+        """Remove what `create()` made (only if unchanged and unused), then
+        sweep leftovers this sandbox was the last one to use."""
+        if self._record is None:
+            return
+        with _locked(self._where):
+            self._release()
+            _sweep(self._where)
+
+    def _release(self) -> None:
+        if self._record is None:
+            return
+        used = _in_use(self._where, skip=os.path.basename(self._record))
+        left = [row for row in self._rows if not _remove_if_ours(row, used)]
+        self._rows = []
+        with contextlib.suppress(OSError):
+            if left:
+                _write_record(
+                    os.path.join(self._where, f"left-{os.urandom(6).hex()}.json"),
+                    {"made": left, "uses": []},
+                )
+            os.unlink(self._record)
+        self._record = None
+
+
+def _make(path: str, kind: str, row: Row) -> Row:
+    parent = os.open(
+        os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    )
+    try:
+        name = os.path.basename(path)
+        if kind == "dir":
+            os.mkdir(name, 0o755, dir_fd=parent)
+        else:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            os.close(os.open(name, flags, 0o644, dir_fd=parent))
+        st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    finally:
+        os.close(parent)
+    return {**row, "ino": st.st_ino, "dev": st.st_dev}
 
 
 # -- what the namespace backend calls -------------------------------------------------
@@ -595,7 +676,7 @@ def _writable(staged: Sequence[StagedBind]) -> tuple[list[str], list[tuple[str, 
 
 
 def preview_protection(spec: SandboxSpec, staged: Sequence[StagedBind]) -> tuple[StagedBind, ...]:
-    """The read-only binds `start_protection` would add; creates nothing."""
+    """The binds `start_protection` would add; creates nothing."""
     trees, sources = _writable(staged)
     return bind_pairs(compute(trees, spec.unprotect), sources)
 
@@ -603,15 +684,17 @@ def preview_protection(spec: SandboxSpec, staged: Sequence[StagedBind]) -> tuple
 def start_protection(
     spec: SandboxSpec, staged: Sequence[StagedBind], cache: str
 ) -> tuple[tuple[StagedBind, ...], Placeholders]:
-    """Sweep stale placeholders, plan, create this sandbox's placeholders.
+    """Sweep stale placeholders, plan, create and record this sandbox's.
 
-    Returns the read-only binds and the placeholders to release after teardown.
+    Returns the binds and the placeholders to release after teardown. The
+    scan and the record happen under the records' lock, so a sandbox ending
+    meanwhile sees this one's use of its placeholders before removing them.
     """
     where = record_dir(cache)
-    with contextlib.suppress(OSError):
-        sweep_stale(where)
     trees, sources = _writable(staged)
-    p = compute(trees, spec.unprotect)
-    placeholders = Placeholders(p, where)
-    placeholders.create()
+    with _locked(where):
+        _sweep(where)
+        p = compute(trees, spec.unprotect)
+        placeholders = Placeholders(p, where)
+        placeholders._create()
     return bind_pairs(p, sources), placeholders

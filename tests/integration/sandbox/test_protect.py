@@ -247,3 +247,34 @@ def test_nested_repo_cannot_be_moved_aside_and_replaced(
     assert os.listdir(hits) == []
     assert not (workspace / "a.old").exists() and not (workspace / "a" / "sub.old").exists()
     assert "user" in _git(workspace / "a" / "sub", "log", "--format=%s", "-1").stdout
+
+
+def test_placeholder_stays_while_a_second_sandbox_binds_it(workspace: Path, marker: str) -> None:
+    """Sandbox A creates the `.envrc` placeholder; B, started in the same
+    workspace meanwhile, binds it read-only. When A ends, removing the
+    placeholder would detach B's mount and let B create `.envrc`."""
+
+    def start(name: str, script: str) -> subprocess.Popen[bytes]:
+        argv = corral_argv(
+            "--workspace", str(workspace), "--", "sh", "-c", script, f"{marker}-{name}"
+        )
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert wait_for(lambda: _sandboxed_sh(f"{marker}-{name}"), 20)
+        return proc
+
+    wait = "while [ ! -e {0} ]; do sleep 0.02; done"
+    a = start("a", wait.format("go-a"))
+    b = start("b", wait.format("go-b") + "; echo 'touch /tmp/pwned' > .envrc; echo $? > b-rc")
+    try:
+        (workspace / "go-a").touch()
+        assert a.wait(timeout=30) == 0
+        (workspace / "go-b").touch()
+        assert b.wait(timeout=30) == 0
+    finally:
+        for p in (a, b):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert (workspace / "b-rc").read_text().strip() != "0"
+    assert not (workspace / ".envrc").exists()
+    assert sorted(os.listdir(workspace)) == ["b-rc", "go-a", "go-b"]

@@ -232,17 +232,63 @@ def _placeholder_plan(ws: Path) -> ProtectPlan:
     )
 
 
+def _records(where: Path) -> list[str]:
+    return sorted(n for n in os.listdir(where) if n.endswith(".json"))
+
+
 def test_placeholders_created_then_removed(tmp_path: Path) -> None:
     ws, records = tmp_path / "ws", tmp_path / "rec"
     ws.mkdir()
     ph = Placeholders(_placeholder_plan(ws), str(records))
     ph.create()
     assert (ws / ".vscode").is_dir() and (ws / ".envrc").is_file()
-    (row,) = [json.loads(p.read_text()) for p in records.iterdir()]
-    assert {r["path"] for r in row} == {str(ws / ".vscode"), str(ws / ".envrc")}
-    assert all("ino" in r for r in row)
+    (name,) = _records(records)
+    doc = json.loads((records / name).read_text())
+    assert {r["path"] for r in doc["made"]} == {str(ws / ".vscode"), str(ws / ".envrc")}
+    assert all("ino" in r for r in doc["made"])
     ph.release()
-    assert os.listdir(ws) == [] and os.listdir(records) == []
+    assert os.listdir(ws) == [] and _records(records) == []
+
+
+def _live_record(records: Path, uses: list[Path]) -> Path:
+    """A record of a live corral (this test's parent) that binds `uses`."""
+    path = records / f"exec-{os.getppid()}-11111111.json"
+    pairs = [[os.lstat(u).st_dev, os.lstat(u).st_ino] for u in uses]
+    path.write_text(json.dumps({"made": [], "uses": pairs}))
+    return path
+
+
+def test_placeholder_another_sandbox_binds_outlives_its_creator(tmp_path: Path) -> None:
+    # Unlinking it would detach the other sandbox's read-only mount (a
+    # mountpoint in another mount namespace can be unlinked), letting that
+    # sandbox create the name.
+    ws, records = tmp_path / "ws", tmp_path / "rec"
+    ws.mkdir()
+    ph = Placeholders(_placeholder_plan(ws), str(records))
+    ph.create()
+    other = _live_record(records, [ws / ".envrc"])
+    ph.release()
+    assert (ws / ".envrc").exists() and not (ws / ".vscode").exists()
+    assert [n for n in _records(records) if n.startswith("left-")]
+    other.unlink()  # the other sandbox ended
+    assert pr.sweep_stale(str(records)) == [str(ws / ".envrc")]
+    assert os.listdir(ws) == [] and _records(records) == []
+
+
+def test_a_second_sandbox_records_the_placeholders_it_reuses(tmp_path: Path) -> None:
+    ws, records = tmp_path / "ws", tmp_path / "rec"
+    ws.mkdir()
+    first = Placeholders(_placeholder_plan(ws), str(records))
+    first.create()
+    reuse = ProtectPlan(
+        (Guard(str(ws / ".vscode"), None, "listed"), Guard(str(ws / ".envrc"), None, "listed")), ()
+    )
+    second = Placeholders(reuse, str(records))
+    second.create()
+    first.release()
+    assert (ws / ".vscode").is_dir() and (ws / ".envrc").is_file()
+    second.release()  # the last user sweeps the first one's leftovers
+    assert os.listdir(ws) == [] and _records(records) == []
 
 
 def test_placeholder_that_gained_content_is_left_alone(tmp_path: Path) -> None:
@@ -281,15 +327,14 @@ def test_sweep_removes_records_of_dead_owners_only(tmp_path: Path) -> None:
         text=True,
         check=True,
     )
-    dead_pid = int(dead.stdout)
     ph = Placeholders(_placeholder_plan(ws), str(records))
     ph.create()
-    (mine,) = os.listdir(records)
-    os.rename(records / mine, records / f"exec-{dead_pid}-00000000.json")
-    alive = records / f"exec-{os.getppid()}-11111111.json"
+    (mine,) = _records(records)
+    os.rename(records / mine, records / f"exec-{int(dead.stdout)}-00000000.json")
     (ws / ".claude").mkdir()
-    alive.write_text(json.dumps([{"path": str(ws / ".claude"), "kind": "dir"}]))
+    alive = records / f"exec-{os.getppid()}-22222222.json"
+    alive.write_text(json.dumps({"made": [{"path": str(ws / ".claude"), "kind": "dir"}]}))
     removed = pr.sweep_stale(str(records))
     assert sorted(removed) == sorted([str(ws / ".vscode"), str(ws / ".envrc")])
     assert os.listdir(ws) == [".claude"]
-    assert os.listdir(records) == [alive.name]
+    assert _records(records) == [alive.name]
