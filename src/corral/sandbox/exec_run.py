@@ -63,6 +63,34 @@ def _journal_protect(
     _journal_event(journal, spec=spec, run=run, event="protect", reason=reason, detail=state)
 
 
+def _created_below(
+    journal: Journal | None, *, spec: SandboxSpec, run: str, running: RunningSandbox | None
+) -> tuple[str, ...]:
+    """Warn about (and journal) listed names the command created where nothing
+    existed to protect: a new repository or `.envrc` in a subdirectory."""
+    ph = running.placeholders if running is not None else None
+    if ph is None or not ph.created_below:
+        return ()
+    from corral.sandbox.protect import show
+
+    rel = tuple(show(os.path.relpath(p, spec.workspace)) for p in ph.created_below)
+    more = f" (+{len(rel) - 5} more)" if len(rel) > 5 else ""
+    sys.stderr.write(
+        f"corral exec: warning: the command created {len(rel)} host-executed path(s) below the"
+        f" workspace top: {' '.join(rel[:5])}{more}; inspect them before running git, direnv"
+        " or an editor there\n"
+    )
+    _journal_event(
+        journal,
+        spec=spec,
+        run=run,
+        event="protect_created_below",
+        reason=f"the command created {len(rel)} host-executed path(s) below the workspace top",
+        detail={"paths": list(rel[:100])},
+    )
+    return rel[:100]
+
+
 def _journal_outcome(
     journal: Journal | None, run: str, result: ExecResult, spec: SandboxSpec
 ) -> None:
@@ -201,6 +229,7 @@ def execute(
                     running.close()
         if egress is not None:
             egress.stop()
+        created = _created_below(jw, spec=spec, run=run, running=running)
         _journal_outcome(jw, run, result, spec)
         if jw is not None:
             jw.flush()
@@ -218,4 +247,8 @@ def execute(
         )
     elif result.reason == "oom":
         sys.stderr.write("corral exec: killed by the memory limit\n")
-    return result.summary(observations), result.exit
+    summary = result.summary(observations)
+    layers = summary.get("layers")
+    if created and isinstance(layers, dict) and isinstance(layers.get("protect"), dict):
+        layers["protect"] = {**layers["protect"], "created_below_top": list(created)}
+    return summary, result.exit

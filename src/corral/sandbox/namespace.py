@@ -537,7 +537,7 @@ class RunningSandbox:
         placeholders: Placeholders | None = None,
     ) -> None:
         self.proc = proc
-        self._placeholders = placeholders
+        self.placeholders = placeholders
         self.cgroup = cgroup
         self._status_fd = status_fd
         self.layers = layers
@@ -686,8 +686,8 @@ class RunningSandbox:
         finally:
             with contextlib.suppress(OSError):
                 os.close(self._status_fd)
-            if self._placeholders is not None:
-                self._placeholders.release()
+            if self.placeholders is not None:
+                self.placeholders.release()
 
 
 def init_command(

@@ -67,10 +67,12 @@ __all__ = [
     "TreeFacts",
     "bind_pairs",
     "compute",
+    "created_below",
     "plan",
     "preview_protection",
     "record_dir",
     "scan_tree",
+    "show",
     "start_protection",
     "sweep_stale",
     "validate_unprotect",
@@ -147,6 +149,9 @@ class ProtectPlan:
     truncated: bool = False
     #: Writable directories bound over themselves (see `_ancestors`).
     pins: tuple[str, ...] = ()
+    #: The scanned trees and every listed path found below their top.
+    trees: tuple[str, ...] = ()
+    seen: frozenset[str] = frozenset()
 
     def summary(self) -> dict[str, object]:
         return {
@@ -292,10 +297,23 @@ def _within(path: str, tree: str) -> bool:
     return path == tree or path.startswith(tree.rstrip("/") + "/")
 
 
+def show(path: str) -> str:
+    """A path for one line of terminal output: names come from the
+    workspace, so control characters, newlines and undecodable bytes are
+    escaped rather than sent to the user's terminal."""
+    out = []
+    for c in path:
+        if 0xDC80 <= ord(c) <= 0xDCFF:  # an undecodable byte (surrogateescape)
+            out.append(f"\\x{ord(c) - 0xDC00:02x}")
+        else:
+            out.append(c if c.isprintable() else ascii(c)[1:-1])
+    return "".join(out)
+
+
 def _refuse_symlink(path: str, name: str) -> LayerUnavailableError:
     return LayerUnavailableError(
         "protect",
-        f"{path} is a symlink; a host-executed path cannot be protected through a link",
+        f"{show(path)} is a symlink; a host-executed path cannot be protected through a link",
         f"replace it with the file it points to, or pass --unprotect {name}",
     )
 
@@ -324,7 +342,7 @@ def plan(facts: Sequence[TreeFacts], unprotect: frozenset[str]) -> ProtectPlan:
         if ".git" not in unprotect and ".git" in f.tree.split("/"):
             raise LayerUnavailableError(
                 "protect",
-                f"writable tree {f.tree} is inside a .git directory",
+                f"writable tree {show(f.tree)} is inside a .git directory",
                 "choose the repository's work tree, or pass --unprotect .git",
             )
         for name, kind in f.top:
@@ -368,8 +386,32 @@ def plan(facts: Sequence[TreeFacts], unprotect: frozenset[str]) -> ProtectPlan:
             kept.append(g)
             pins |= more
     ordered = sorted(kept, key=lambda g: (g.path.count("/"), g.path))
+    seen = {r.path for f in facts for r in f.repos} | {d for f in facts for d, _ in f.deep}
     return ProtectPlan(
-        tuple(ordered), tuple(sorted(unprotect)), truncated, tuple(sorted(pins, key=_depth))
+        tuple(ordered),
+        tuple(sorted(unprotect)),
+        truncated,
+        tuple(sorted(pins, key=_depth)),
+        tuple(trees),
+        frozenset(seen),
+    )
+
+
+def created_below(p: ProtectPlan, facts: Sequence[TreeFacts]) -> tuple[str, ...]:
+    """Listed paths below the top of a tree (a new `.git`, `.envrc`, ...)
+    that a later scan found and the plan's scan did not. Pure.
+
+    Nothing existed there to protect when the sandbox started, so the
+    sandbox may have created them; the caller warns about them.
+    """
+    found = {r.path for f in facts for r in f.repos} | {d for f in facts for d, _ in f.deep}
+    return tuple(
+        sorted(
+            path
+            for path in found - p.seen
+            if os.path.basename(path) not in p.unprotected
+            and not any(_inside(path, g.path) for g in p.guards)
+        )
     )
 
 
@@ -590,6 +632,8 @@ class Placeholders:
         self._where = where
         self._record: str | None = None
         self._rows: list[Row] = []
+        #: After `release()`: see `created_below`.
+        self.created_below: tuple[str, ...] | None = None
 
     @property
     def summary(self) -> dict[str, object]:
@@ -620,7 +664,8 @@ class Placeholders:
             self._rows = made
             self._release()
             raise SandboxStartError(
-                exc.errno or 0, f"protect: cannot create placeholder {exc.filename}: {exc.strerror}"
+                exc.errno or 0,
+                f"protect: cannot create placeholder {show(str(exc.filename))}: {exc.strerror}",
             ) from exc
         self._rows = made
         _write_record(self._record, {"made": self._rows, "uses": uses})
@@ -628,11 +673,13 @@ class Placeholders:
     def release(self) -> None:
         """Remove what `create()` made (only if unchanged and unused), then
         sweep leftovers this sandbox was the last one to use."""
-        if self._record is None:
-            return
-        with _locked(self._where):
-            self._release()
-            _sweep(self._where)
+        if self._record is not None:
+            with _locked(self._where):
+                self._release()
+                _sweep(self._where)
+        if self.created_below is None:
+            trees = [t for t in self.plan.trees if os.path.isdir(t)]
+            self.created_below = created_below(self.plan, [scan_tree(t) for t in trees])
 
     def _release(self) -> None:
         if self._record is None:

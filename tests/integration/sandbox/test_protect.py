@@ -278,3 +278,27 @@ def test_placeholder_stays_while_a_second_sandbox_binds_it(workspace: Path, mark
     assert (workspace / "b-rc").read_text().strip() != "0"
     assert not (workspace / ".envrc").exists()
     assert sorted(os.listdir(workspace)) == ["b-rc", "go-a", "go-b"]
+
+
+def test_new_repository_below_the_top_is_reported(
+    corral_exec: ExecFn, repos: Path, tmp_path: Path
+) -> None:
+    """Nothing exists at `newdir/.git` to protect when the command starts; a
+    repository it creates there is named in the summary, on stderr and in
+    the journal, so the user knows not to run git in it blindly."""
+    journal = tmp_path / "j.sqlite"
+    out = corral_exec(
+        "sh",
+        "-c",
+        "git init -q newdir && echo 'touch x' > sub/.envrc && echo ok > sub/plain.txt",
+        opts=("--journal", str(journal)),
+    )
+    assert out.code == 0, out.stderr
+    layers = out.summary["layers"]
+    assert isinstance(layers, dict)
+    assert layers["protect"]["created_below_top"] == ["newdir/.git", "sub/.envrc"]
+    assert "newdir/.git" in out.stderr and "warning" in out.stderr
+    rows = [r for r in read_rows(journal) if "below the workspace top" in r.reason]
+    assert len(rows) == 1 and rows[0].detail["paths"] == ["newdir/.git", "sub/.envrc"]
+    quiet = corral_exec("sh", "-c", "echo more > sub/plain.txt")
+    assert "warning" not in quiet.stderr

@@ -338,3 +338,30 @@ def test_sweep_removes_records_of_dead_owners_only(tmp_path: Path) -> None:
     assert sorted(removed) == sorted([str(ws / ".vscode"), str(ws / ".envrc")])
     assert os.listdir(ws) == [".claude"]
     assert _records(records) == [alive.name]
+
+
+def test_created_below_lists_only_new_unguarded_names() -> None:
+    before = _facts(repos=(RepoFact("/w/old/.git", "dir"),), deep=(("/w/old/.envrc", "file"),))
+    plan = pr.plan([before], frozenset({".idea"}))
+    after = _facts(
+        repos=(RepoFact("/w/old/.git", "dir"), RepoFact("/w/new/.git", "dir")),
+        deep=(
+            ("/w/old/.envrc", "file"),
+            ("/w/new/.envrc", "file"),
+            ("/w/new/.idea", "dir"),  # unprotected by request: not reported
+            ("/w/.vscode/x/.envrc", "file"),  # inside a read-only guard: not created by it
+        ),
+    )
+    assert pr.created_below(plan, [after]) == ("/w/new/.envrc", "/w/new/.git")
+
+
+def test_show_escapes_terminal_controls_and_raw_bytes() -> None:
+    hostile = os.fsdecode(b"/w/a\x1b]0;t\x07\nb\xff/caf\xc3\xa9")
+    assert pr.show(hostile) == "/w/a\\x1b]0;t\\x07\\nb\\xff/café"
+
+
+def test_refusal_message_escapes_the_name() -> None:
+    name = os.fsdecode(b"/w/x\x1b[2J")
+    with pytest.raises(LayerUnavailableError) as exc:
+        pr.plan([_facts(deep=((name + "/.envrc", "symlink"),))], frozenset())
+    assert "\x1b" not in str(exc.value) and "\\x1b[2J" in str(exc.value)
