@@ -94,8 +94,7 @@ class BwrapPlan:
     info_fd: int | None = None
     block_fd: int | None = None
     #: Binds over host-executed workspace paths (read-only) and their parent
-    #: directories (pinned writable), parents first, mounted after every user
-    #: bind (sandbox/protect.py).
+    #: directories (pinned writable) (sandbox/protect.py).
     protect_binds: tuple[StagedBind, ...] = ()
 
 
@@ -146,9 +145,10 @@ def build_argv(plan: BwrapPlan) -> list[str]:
         argv += ["--ro-bind-data", str(fd), dest]
     for source, dest in plan.ro_binds:
         argv += ["--ro-bind", source, dest]
-    for bind in sorted(plan.binds, key=_depth_key):
-        argv += ["--bind" if bind.writable else "--ro-bind", bind.source, bind.dest]
-    for bind in plan.protect_binds:
+    # Protection binds interleave with user binds by depth (user binds first
+    # at equal depth): a pinned directory mounted after a deeper user bind
+    # would cover it and expose what that bind hides.
+    for bind in sorted((*plan.binds, *plan.protect_binds), key=_depth_key):
         argv += ["--bind" if bind.writable else "--ro-bind", bind.source, bind.dest]
     argv += ["--remount-ro", "/"]
     if plan.seccomp_fd is not None:

@@ -318,8 +318,14 @@ def _refuse_symlink(path: str, name: str) -> LayerUnavailableError:
     )
 
 
-def plan(facts: Sequence[TreeFacts], unprotect: frozenset[str]) -> ProtectPlan:
+def plan(
+    facts: Sequence[TreeFacts], unprotect: frozenset[str], readonly: Sequence[str] = ()
+) -> ProtectPlan:
     """What to protect in the given writable trees. Pure.
+
+    Paths under a read-only user bind (`readonly`, deeper than the writable
+    tree holding them) are already read-only and left alone: a pin there
+    would make them writable again.
 
     Raises LayerUnavailableError("protect", ...) when a protected name is a
     symlink (a bind would follow it) or a writable tree lies inside a `.git`
@@ -328,6 +334,11 @@ def plan(facts: Sequence[TreeFacts], unprotect: frozenset[str]) -> ProtectPlan:
     trees = [f.tree for f in facts]
     guards: dict[str, Guard] = {}
     truncated = any(f.truncated for f in facts)
+
+    def ro(path: str) -> bool:
+        w = max((t for t in trees if _within(path, t)), key=len, default="")
+        r = max((t for t in readonly if _within(path, t)), key=len, default="")
+        return len(r) > len(w)
 
     def add(path: str, create: Literal["dir", "file"] | None, why: str) -> None:
         nonlocal truncated
@@ -346,9 +357,9 @@ def plan(facts: Sequence[TreeFacts], unprotect: frozenset[str]) -> ProtectPlan:
                 "choose the repository's work tree, or pass --unprotect .git",
             )
         for name, kind in f.top:
-            if name in unprotect:
-                continue
             path = os.path.join(f.tree, name)
+            if name in unprotect or ro(path):
+                continue
             if kind == "symlink":
                 raise _refuse_symlink(path, name)
             if kind is None:
@@ -357,7 +368,7 @@ def plan(facts: Sequence[TreeFacts], unprotect: frozenset[str]) -> ProtectPlan:
                 add(path, None, "listed")
         for path, kind in f.deep:
             name = os.path.basename(path)
-            if name in unprotect:
+            if name in unprotect or ro(path):
                 continue
             if kind == "symlink":
                 raise _refuse_symlink(path, name)
@@ -365,11 +376,13 @@ def plan(facts: Sequence[TreeFacts], unprotect: frozenset[str]) -> ProtectPlan:
         if ".git" in unprotect:
             continue
         for repo in f.repos:
+            if ro(repo.path):
+                continue
             if repo.kind == "symlink":
                 raise _refuse_symlink(repo.path, ".git")
             add(repo.path, None, "repository")
             for target in (repo.gitdir, repo.commondir):
-                if target is not None and any(_within(target, t) for t in trees):
+                if target is not None and any(_within(target, t) for t in trees) and not ro(target):
                     add(target, None, "worktree gitdir")
     kept = [g for g in guards.values() if not any(_inside(g.path, o) for o in guards)]
     pins: set[str] = set()
@@ -443,9 +456,11 @@ def _ancestors(path: str, trees: Sequence[str]) -> set[str]:
     return out
 
 
-def compute(trees: Sequence[str], unprotect: frozenset[str]) -> ProtectPlan:
+def compute(
+    trees: Sequence[str], unprotect: frozenset[str], readonly: Sequence[str] = ()
+) -> ProtectPlan:
     """Scan each writable tree and plan what to protect."""
-    return plan([scan_tree(t) for t in trees if os.path.isdir(t)], unprotect)
+    return plan([scan_tree(t) for t in trees if os.path.isdir(t)], unprotect, readonly)
 
 
 def bind_pairs(p: ProtectPlan, sources: Sequence[tuple[str, str]]) -> tuple[StagedBind, ...]:
@@ -717,15 +732,18 @@ def _make(path: str, kind: str, row: Row) -> Row:
 # -- what the namespace backend calls -------------------------------------------------
 
 
-def _writable(staged: Sequence[StagedBind]) -> tuple[list[str], list[tuple[str, str]]]:
+def _writable(
+    staged: Sequence[StagedBind],
+) -> tuple[list[str], list[tuple[str, str]], list[str]]:
     trees = [b.dest for b in staged if b.writable]
-    return trees, [(b.dest, b.source) for b in staged if b.writable]
+    readonly = [b.dest for b in staged if not b.writable]
+    return trees, [(b.dest, b.source) for b in staged if b.writable], readonly
 
 
 def preview_protection(spec: SandboxSpec, staged: Sequence[StagedBind]) -> tuple[StagedBind, ...]:
     """The binds `start_protection` would add; creates nothing."""
-    trees, sources = _writable(staged)
-    return bind_pairs(compute(trees, spec.unprotect), sources)
+    trees, sources, readonly = _writable(staged)
+    return bind_pairs(compute(trees, spec.unprotect, readonly), sources)
 
 
 def start_protection(
@@ -738,10 +756,10 @@ def start_protection(
     meanwhile sees this one's use of its placeholders before removing them.
     """
     where = record_dir(cache)
-    trees, sources = _writable(staged)
+    trees, sources, readonly = _writable(staged)
     with _locked(where):
         _sweep(where)
-        p = compute(trees, spec.unprotect)
+        p = compute(trees, spec.unprotect, readonly)
         placeholders = Placeholders(p, where)
         placeholders._create()
     return bind_pairs(p, sources), placeholders

@@ -302,3 +302,24 @@ def test_new_repository_below_the_top_is_reported(
     assert len(rows) == 1 and rows[0].detail["paths"] == ["newdir/.git", "sub/.envrc"]
     quiet = corral_exec("sh", "-c", "echo more > sub/plain.txt")
     assert "warning" not in quiet.stderr
+
+
+def test_pinned_parent_does_not_reopen_a_read_only_bind(
+    corral_exec: ExecFn, workspace: Path
+) -> None:
+    """`a` is pinned (a nested repository lies below it); `--ro a/data` must
+    stay read-only, not be covered by the pin's writable mount."""
+    (workspace / "a").mkdir()
+    _repo(workspace / "a" / "b")
+    data = workspace / "a" / "data"
+    data.mkdir()
+    (data / "keep.txt").write_text("original\n")
+    out = corral_exec(
+        "sh",
+        "-c",
+        "echo changed > a/data/keep.txt; echo x > a/data/new.txt; true",
+        opts=("--ro", str(data)),
+    )
+    assert out.code == 0, out.stderr
+    assert (data / "keep.txt").read_text() == "original\n"
+    assert not (data / "new.txt").exists()

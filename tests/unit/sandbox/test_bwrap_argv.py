@@ -195,3 +195,18 @@ def test_protect_binds_come_after_every_user_bind() -> None:
     ]
     assert argv.index("/work/p") < i < argv.index("--remount-ro")
     assert build_argv(_plan()) == GOLDEN
+
+
+def test_a_pinned_directory_never_covers_a_deeper_user_bind() -> None:
+    plan = _plan(
+        binds=(
+            StagedBind("/run/corral-stage/0", "/work/p", True),
+            StagedBind("/run/corral-stage/1", "/work/p/a/data", False),
+        ),
+        protect_binds=(
+            StagedBind("/run/corral-stage/0/a", "/work/p/a", True),
+            StagedBind("/run/corral-stage/0/a/b/.git", "/work/p/a/b/.git", False),
+        ),
+    )
+    argv = build_argv(plan)
+    assert argv.index("/work/p") < argv.index("/work/p/a") < argv.index("/work/p/a/data")

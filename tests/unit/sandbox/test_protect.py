@@ -365,3 +365,18 @@ def test_refusal_message_escapes_the_name() -> None:
     with pytest.raises(LayerUnavailableError) as exc:
         pr.plan([_facts(deep=((name + "/.envrc", "symlink"),))], frozenset())
     assert "\x1b" not in str(exc.value) and "\\x1b[2J" in str(exc.value)
+
+
+def test_paths_under_a_read_only_user_bind_are_left_alone() -> None:
+    # --ro /w/data: binding a pin (writable) there would make it writable again.
+    facts = _facts(
+        repos=(RepoFact("/w/data/x/.git", "dir"), RepoFact("/w/data/y/.git", "symlink")),
+        deep=(("/w/data/.envrc", "file"),),
+    )
+    plan = pr.plan([facts], frozenset(), readonly=["/w/data"])
+    assert not any(g.path.startswith("/w/data/") for g in plan.guards)
+    assert plan.pins == ()
+    # a writable tree inside the read-only one is protected again
+    inner = _facts("/w/data/rw", repos=(RepoFact("/w/data/rw/k/.git", "dir"),))
+    plan = pr.plan([facts, inner], frozenset(), readonly=["/w/data"])
+    assert "/w/data/rw/k/.git" in _by_path(plan) and plan.pins == ("/w/data/rw/k",)
