@@ -7,18 +7,27 @@ commit, direnv runs `.envrc` on `cd`, editors run `.vscode/tasks.json` and
 `.devcontainer/`, agent CLIs load `.mcp.json`, `.claude/` and `.codex/`, and
 shells source `.bashrc`/`.profile`/`.zshrc`. Those paths are protected:
 
-* an existing one is bound read-only over itself, after the workspace bind;
+* an existing one is bound read-only over itself, after the bind of the
+  tree holding it;
 * a missing one at the top of a writable tree gets an empty placeholder
   (directory or file) that corral creates on the host and binds read-only
   over itself, so the name cannot be created. A mount needs a dentry on the
   underlying filesystem and Landlock cannot exclude a child name from a
   writable hierarchy, so there is no mechanism that avoids the placeholder.
-  The placeholders are recorded (durably, before the sandbox starts) and
-  removed after teardown if they are still the empty inode corral created; a
-  record whose owner pid is gone is swept on the next start;
+  Placeholders are recorded before they are created and removed after
+  teardown if they are still the empty inode corral created and no other
+  live sandbox binds them; a record whose owner pid is gone is swept on the
+  next start (see the records section below);
 * every nested repository found by a bounded walk (a `.git` directory or
   file) is protected whole, and so is a worktree's gitdir (and its common
-  dir) when it lies inside a writable tree.
+  dir) when it lies inside a writable tree; so is every listed name found
+  below the top;
+* the directories between a tree's top and a protected path are pinned
+  (bound over themselves, writable), so they cannot be renamed away.
+
+After teardown a second scan names listed paths that appeared below the top
+(`created_below`): nothing existed there to protect, so the sandbox could
+create them, and the user is told.
 
 The whole `.git` is read-only rather than only its executable parts: hooks,
 config, info/attributes and every file git reads as configuration would have
@@ -108,7 +117,7 @@ _NAMES_B = frozenset(os.fsencode(n) for n in PROTECTED_NAMES)
 
 @dataclass(frozen=True, slots=True)
 class RepoFact:
-    """A `.git` entry below the top of a tree, or a top-level one that is a file."""
+    """A `.git` entry found by the scan (at the top of the tree or below it)."""
 
     path: str
     kind: Kind
@@ -384,7 +393,7 @@ def plan(
             for target in (repo.gitdir, repo.commondir):
                 if target is not None and any(_within(target, t) for t in trees) and not ro(target):
                     add(target, None, "worktree gitdir")
-    kept = [g for g in guards.values() if not any(_inside(g.path, o) for o in guards)]
+    kept = [g for g in guards.values() if not _has_ancestor_in(g.path, guards)]
     pins: set[str] = set()
     for g in kept:
         pins.update(_ancestors(g.path, trees))
@@ -426,6 +435,15 @@ def created_below(p: ProtectPlan, facts: Sequence[TreeFacts]) -> tuple[str, ...]
             and not any(_inside(path, g.path) for g in p.guards)
         )
     )
+
+
+def _has_ancestor_in(path: str, paths: dict[str, Guard]) -> bool:
+    parent = os.path.dirname(path)
+    while parent not in ("/", ""):
+        if parent in paths:
+            return True
+        parent = os.path.dirname(parent)
+    return False
 
 
 def _depth(path: str) -> tuple[int, str]:
