@@ -707,12 +707,16 @@ class Placeholders:
         """Remove what `create()` made (only if unchanged and unused), then
         sweep leftovers this sandbox was the last one to use."""
         if self._record is not None:
-            with _locked(self._where):
+            # Teardown must finish: what cannot be removed now stays
+            # recorded and is swept by a later start.
+            with contextlib.suppress(OSError), _locked(self._where):
                 self._release()
                 _sweep(self._where)
         if self.created_below is None:
-            trees = [t for t in self.plan.trees if os.path.isdir(t)]
-            self.created_below = created_below(self.plan, [scan_tree(t) for t in trees])
+            self.created_below = ()
+            with contextlib.suppress(OSError):
+                trees = [t for t in self.plan.trees if os.path.isdir(t)]
+                self.created_below = created_below(self.plan, [scan_tree(t) for t in trees])
 
     def _release(self) -> None:
         if self._record is None:
@@ -775,9 +779,16 @@ def start_protection(
     """
     where = record_dir(cache)
     trees, sources, readonly = _writable(staged)
-    with _locked(where):
-        _sweep(where)
-        p = compute(trees, spec.unprotect, readonly)
-        placeholders = Placeholders(p, where)
-        placeholders._create()
+    try:
+        with _locked(where):
+            _sweep(where)
+            p = compute(trees, spec.unprotect, readonly)
+            placeholders = Placeholders(p, where)
+            placeholders._create()
+    except OSError as exc:
+        if isinstance(exc, SandboxStartError):
+            raise
+        raise SandboxStartError(
+            exc.errno or 0, f"protect: {exc.strerror or exc}: {show(str(exc.filename))}"
+        ) from exc
     return bind_pairs(p, sources), placeholders

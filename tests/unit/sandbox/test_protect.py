@@ -380,3 +380,16 @@ def test_paths_under_a_read_only_user_bind_are_left_alone() -> None:
     inner = _facts("/w/data/rw", repos=(RepoFact("/w/data/rw/k/.git", "dir"),))
     plan = pr.plan([facts, inner], frozenset(), readonly=["/w/data"])
     assert "/w/data/rw/k/.git" in _by_path(plan) and plan.pins == ("/w/data/rw/k",)
+
+
+def test_unusable_record_directory_fails_closed(tmp_path: Path) -> None:
+    from corral.sandbox.spec import SandboxSpec
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    cache = tmp_path / "cache"
+    cache.write_text("not a directory")
+    spec = SandboxSpec(argv=("true",), workspace=str(ws), env=(), protect=True)
+    with pytest.raises(SandboxStartError, match="protect"):
+        pr.start_protection(spec, [StagedBind(str(ws), str(ws), True)], str(cache))
+    assert os.listdir(ws) == []
