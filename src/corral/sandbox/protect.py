@@ -77,6 +77,7 @@ __all__ = [
     "bind_pairs",
     "compute",
     "created_below",
+    "hooks_path_of",
     "plan",
     "preview_protection",
     "record_dir",
@@ -124,6 +125,8 @@ class RepoFact:
     #: For a `.git` file: the realpath of its gitdir and of that gitdir's commondir.
     gitdir: str | None = None
     commondir: str | None = None
+    #: The path `core.hooksPath` makes git run hooks from, and its kind.
+    hooks: tuple[str, Kind | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,8 +205,8 @@ def _lkind(path: str) -> Kind | None:
         return None
 
 
-def _read_small(path: str) -> bytes | None:
-    """Up to _GITFILE_MAX bytes of a regular file, without following a final
+def _read_small(path: str, limit: int = _GITFILE_MAX) -> bytes | None:
+    """Up to `limit` bytes of a regular file, without following a final
     symlink and without blocking on a FIFO planted under the name."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -212,7 +215,7 @@ def _read_small(path: str) -> bytes | None:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
-        return os.read(fd, _GITFILE_MAX)
+        return os.read(fd, limit)
     finally:
         os.close(fd)
 
@@ -241,11 +244,73 @@ def _gitfile_targets(dotgit: str) -> tuple[str | None, str | None]:
     return gitdir, commondir
 
 
+def hooks_path_of(config: bytes) -> str | None:
+    """`core.hooksPath` from the text of a git config file (the last one
+    wins, as in git), or None. Sections and keys are case-insensitive;
+    `include` directives are not followed."""
+    value = None
+    section = b""
+    for raw in config.splitlines():
+        line = raw.strip()
+        if line.startswith(b"["):
+            section = line[1 : line.find(b"]")].strip().lower() if b"]" in line else b""
+            rest = line[line.find(b"]") + 1 :].strip() if b"]" in line else b""
+            if not rest:
+                continue
+            line = rest  # "[core] hooksPath = x" on one line
+        if section != b"core" or b"=" not in line:
+            continue
+        key, _, val = line.partition(b"=")
+        if key.strip().lower() != b"hookspath":
+            continue
+        val = val.strip()
+        if val.startswith(b'"'):
+            end = val.find(b'"', 1)
+            val = val[1:end] if end > 0 else val[1:]
+        else:
+            cut = min((i for i in (val.find(b"#"), val.find(b";")) if i >= 0), default=len(val))
+            val = val[:cut].rstrip()
+        value = os.fsdecode(val) if val else None
+    return value
+
+
+def _hooks_target(
+    dotgit: str, gitdir: str | None, commondir: str | None
+) -> tuple[str, Kind | None] | None:
+    """What to protect for a repository's `core.hooksPath`, with its kind.
+
+    A missing hooks directory is held at its first missing component (a
+    placeholder can only be made where the parent exists). Husky's
+    `core.hooksPath = .husky/_` runs the scripts in `.husky`, so a hooks
+    directory named `_` stands for its parent.
+    """
+    config_dir = commondir or gitdir or dotgit
+    data = _read_small(os.path.join(config_dir, "config"), 1 << 16)
+    if data is None or b"hookspath" not in data.lower():
+        return None
+    value = hooks_path_of(data)
+    if value is None:
+        return None
+    target = os.path.realpath(os.path.join(os.path.dirname(dotgit), os.path.expanduser(value)))
+    if os.path.basename(target) == "_":
+        target = os.path.dirname(target)
+    probe = target
+    while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
+        parent = os.path.dirname(probe)
+        if os.path.lexists(parent):
+            return probe, None
+        probe = parent
+    return target, _lkind(target)
+
+
 def _repo_fact(path: str, kind: Kind) -> RepoFact:
+    gitdir = commondir = None
     if kind == "file":
         gitdir, commondir = _gitfile_targets(path)
-        return RepoFact(path, kind, gitdir, commondir)
-    return RepoFact(path, kind)
+    elif kind != "dir":
+        return RepoFact(path, kind)
+    hooks = _hooks_target(path, gitdir, commondir) if kind == "dir" or gitdir else None
+    return RepoFact(path, kind, gitdir, commondir, hooks)
 
 
 def scan_tree(
@@ -393,6 +458,19 @@ def plan(
             for target in (repo.gitdir, repo.commondir):
                 if target is not None and any(_within(target, t) for t in trees) and not ro(target):
                     add(target, None, "worktree gitdir")
+            if repo.hooks is not None:
+                hooks, kind = repo.hooks
+                if not any(_within(hooks, t) for t in trees) or ro(hooks):
+                    continue
+                if any(hooks == t for t in trees):
+                    raise LayerUnavailableError(
+                        "protect",
+                        f"core.hooksPath of {show(repo.path)} is a whole writable tree",
+                        "point core.hooksPath elsewhere, or pass --unprotect .git",
+                    )
+                if kind == "symlink":
+                    raise _refuse_symlink(hooks, ".git")
+                add(hooks, "dir" if kind is None else None, "core.hooksPath")
     kept = [g for g in guards.values() if not _has_ancestor_in(g.path, guards)]
     pins: set[str] = set()
     for g in kept:

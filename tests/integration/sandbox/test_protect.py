@@ -323,3 +323,33 @@ def test_pinned_parent_does_not_reopen_a_read_only_bind(
     assert out.code == 0, out.stderr
     assert (data / "keep.txt").read_text() == "original\n"
     assert not (data / "new.txt").exists()
+
+
+def test_hooks_path_directories_are_protected(
+    corral_exec: ExecFn, workspace: Path, tmp_path: Path
+) -> None:
+    """husky-style `core.hooksPath = .husky` (existing, tracked hooks) and a
+    hooksPath whose directory does not exist yet (`sub`: `.hooks`)."""
+    hits = tmp_path / "hits"
+    hits.mkdir()
+    _repo(workspace)
+    assert _git(workspace, "config", "core.hooksPath", ".husky").returncode == 0
+    (workspace / ".husky").mkdir()
+    (workspace / ".husky" / "pre-commit").write_text("#!/bin/sh\ntrue\n")
+    (workspace / ".husky" / "pre-commit").chmod(0o755)
+    _repo(workspace / "sub")
+    assert _git(workspace / "sub", "config", "core.hooksPath", ".hooks").returncode == 0
+    attack = (
+        f"echo 'touch {hits}/husky' >> .husky/pre-commit\n"
+        "mkdir -p sub/.hooks\n"
+        f"printf '#!/bin/sh\\ntouch {hits}/sub\\n' > sub/.hooks/pre-commit\n"
+        "chmod +x sub/.hooks/pre-commit\n"
+        "true\n"
+    )
+    out = corral_exec("sh", "-c", attack)
+    assert out.code == 0, out.stderr
+    for repo in (workspace, workspace / "sub"):
+        _git(repo, "commit", "-q", "--allow-empty", "-m", "user")
+    assert os.listdir(hits) == []
+    assert (workspace / ".husky" / "pre-commit").read_text() == "#!/bin/sh\ntrue\n"
+    assert not (workspace / "sub" / ".hooks").exists()

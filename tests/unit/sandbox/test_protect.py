@@ -393,3 +393,42 @@ def test_unusable_record_directory_fails_closed(tmp_path: Path) -> None:
     with pytest.raises(SandboxStartError, match="protect"):
         pr.start_protection(spec, [StagedBind(str(ws), str(ws), True)], str(cache))
     assert os.listdir(ws) == []
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        (b"[core]\n\thooksPath = .husky/_\n", ".husky/_"),
+        (b"[CORE]\n  HOOKSPATH=.githooks ; comment\n", ".githooks"),
+        (b'[core]\n\thookspath = "dir with # hash"\n', "dir with # hash"),
+        (b"[core] hooksPath = a\n[core]\nhooksPath = b\n", "b"),
+        (b"[user]\n\thooksPath = x\n[core]\n\tbare = false\n", None),
+        (b"", None),
+    ],
+)
+def test_hooks_path_of(config: bytes, expected: str | None) -> None:
+    assert pr.hooks_path_of(config) == expected
+
+
+def test_scan_follows_core_hooks_path(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "config").write_text("[core]\n\thooksPath = .husky/_\n")
+    (tmp_path / ".husky" / "_").mkdir(parents=True)
+    (sub := tmp_path / "sub" / ".git").mkdir(parents=True)
+    (sub / "config").write_text("[core]\n\thooksPath = hooks/here\n")
+    facts = pr.scan_tree(str(tmp_path))
+    hooks = {r.path: r.hooks for r in facts.repos}
+    # husky runs the scripts in .husky, not only in .husky/_
+    assert hooks[str(tmp_path / ".git")] == (str(tmp_path / ".husky"), "dir")
+    # a missing hooks directory is held at its first missing component
+    assert hooks[str(sub)] == (str(tmp_path / "sub" / "hooks"), None)
+    guards = _by_path(pr.plan([facts], frozenset()))
+    assert guards[str(tmp_path / ".husky")].create is None
+    assert guards[str(tmp_path / "sub" / "hooks")].create == "dir"
+    assert str(tmp_path / "sub" / "hooks") not in _by_path(pr.plan([facts], frozenset({".git"})))
+
+
+def test_hooks_path_at_the_tree_top_is_refused() -> None:
+    facts = _facts(repos=(RepoFact("/w/.git", "dir", hooks=("/w", "dir")),))
+    with pytest.raises(LayerUnavailableError, match="hooksPath"):
+        pr.plan([facts], frozenset())
