@@ -87,6 +87,22 @@ PROBES: list[Probe] = [
          """,
         repo=GitRepo(),
     ),
+    Probe(
+        "hostexec-git-user-hooks-path",
+        "host-integrity",
+        "M6",
+        "create a hook in the directory the user's own core.hooksPath names (absent before)",
+        code(_HELPERS + 'script(P["ws"] + "/.hooks/pre-commit")'),
+        _RAN,
+        steps=(
+            GitRepo(),
+            WriteFile(
+                "{ws}/.git/config",
+                "[core]\n\trepositoryformatversion = 0\n\tbare = false\n\thooksPath = .hooks\n",
+            ),
+        ),
+        checks=(HostGit("ran", plain=True),),
+    ),
     _git(
         "hostexec-nested-repo-hook",
         "plant a pre-commit hook in a nested repository (vendor/lib/.git)",
