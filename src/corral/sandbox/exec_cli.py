@@ -372,4 +372,21 @@ def _json_refused(enabled: bool, message: str, layer: str | None) -> None:
 
 
 def quote_argv(argv: Sequence[str]) -> str:
-    return " ".join(shlex.quote(a) for a in argv)
+    """Shell-quoted argv for the terminal. The argv holds workspace names
+    (protected paths), so an argument with a control character or an
+    undecodable byte is written in ANSI-C quoting (`$'...\\x1b...'`): exact
+    for bash and zsh, and no raw control byte reaches the terminal."""
+    return " ".join(_quote(a) for a in argv)
+
+
+def _quote(arg: str) -> str:
+    if arg.isprintable() and not any(0xDC80 <= ord(c) <= 0xDCFF for c in arg):
+        return shlex.quote(arg)
+    raw = os.fsencode(arg)
+    return (
+        "$'"
+        + "".join(
+            chr(b) if 0x20 <= b < 0x7F and b not in (0x27, 0x5C) else f"\\x{b:02x}" for b in raw
+        )
+        + "'"
+    )

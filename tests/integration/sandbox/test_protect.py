@@ -353,3 +353,15 @@ def test_hooks_path_directories_are_protected(
     assert os.listdir(hits) == []
     assert (workspace / ".husky" / "pre-commit").read_text() == "#!/bin/sh\ntrue\n"
     assert not (workspace / "sub" / ".hooks").exists()
+
+
+def test_dry_run_escapes_hostile_repository_names(workspace: Path) -> None:
+    """A nested repository's name (written by an earlier sandbox, say) lands
+    in the printed bwrap line; its control bytes must not reach the terminal."""
+    name = os.fsencode(workspace) + b"/x\x1b]0;pwned\x07\xff"
+    os.makedirs(name + b"/.git")
+    argv = corral_argv("--workspace", str(workspace), "--dry-run", "true")
+    proc = subprocess.run(argv, capture_output=True, timeout=30, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert b"\x1b" not in proc.stdout and b"\x07" not in proc.stdout
+    assert b"x\\x1b]0;pwned\\x07\\xff/.git" in proc.stdout

@@ -432,3 +432,17 @@ def test_hooks_path_at_the_tree_top_is_refused() -> None:
     facts = _facts(repos=(RepoFact("/w/.git", "dir", hooks=("/w", "dir")),))
     with pytest.raises(LayerUnavailableError, match="hooksPath"):
         pr.plan([facts], frozenset())
+
+
+def test_dry_run_quoting_is_exact_and_sends_no_control_bytes() -> None:
+    from corral.sandbox.exec_cli import quote_argv
+
+    hostile = os.fsdecode(b"/w/x\x1b]0;t\x07\xff/caf\xc3\xa9 'q'/.git")
+    line = quote_argv(["bwrap", "--ro-bind", hostile, "plain path"])
+    assert all(c.isprintable() for c in line)
+    echoed = subprocess.run(
+        ["bash", "-c", f'for a in {line}; do printf "%s\\0" "$a"; done'],
+        capture_output=True,
+        check=True,
+    ).stdout
+    assert echoed.split(b"\0")[:-1] == [b"bwrap", b"--ro-bind", os.fsencode(hostile), b"plain path"]
