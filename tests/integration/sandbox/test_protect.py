@@ -365,3 +365,30 @@ def test_dry_run_escapes_hostile_repository_names(workspace: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert b"\x1b" not in proc.stdout and b"\x07" not in proc.stdout
     assert b"x\\x1b]0;pwned\\x07\\xff/.git" in proc.stdout
+
+
+def test_linked_worktree_with_its_repository_in_a_rw_grant(tmp_path: Path) -> None:
+    """The workspace is a `git worktree` of a repository passed as `--rw`:
+    the repository's hooks (its common dir) and its top-level names are
+    protected too, and `ws/.git` (the gitdir: file) cannot be redirected."""
+    hits = tmp_path / "hits"
+    hits.mkdir()
+    main = tmp_path / "main"
+    _repo(main)
+    ws = tmp_path / "wt"
+    assert _git(main, "worktree", "add", "-q", str(ws)).returncode == 0
+    gitfile = (ws / ".git").read_text()
+    attack = (
+        f"printf '#!/bin/sh\\ntouch {hits}/hook\\n' > {main}/.git/hooks/pre-commit\n"
+        f"chmod +x {main}/.git/hooks/pre-commit\n"
+        f"echo 'touch {hits}/envrc' > {main}/.envrc\n"
+        "echo 'gitdir: /tmp/elsewhere' > .git\n"
+        "true\n"
+    )
+    argv = corral_argv("--workspace", str(ws), "--rw", str(main), "--", "sh", "-c", attack)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    _git(main, "commit", "-q", "--allow-empty", "-m", "user")  # the worktree shares these hooks
+    assert os.listdir(hits) == []
+    assert not (main / ".envrc").exists()
+    assert (ws / ".git").read_text() == gitfile
