@@ -96,6 +96,9 @@ class BwrapPlan:
     #: bwrap's monitor, outside the sandbox, writes {"child-pid": N} and
     #: {"exit-code": N} there: the exit status the host trusts.
     json_status_fd: int | None = None
+    #: Binds over host-executed workspace paths (read-only) and their parent
+    #: directories (pinned writable) (sandbox/protect.py).
+    protect_binds: tuple[StagedBind, ...] = ()
 
 
 def _depth_key(bind: StagedBind) -> tuple[int, str]:
@@ -145,7 +148,10 @@ def build_argv(plan: BwrapPlan) -> list[str]:
         argv += ["--ro-bind-data", str(fd), dest]
     for source, dest in plan.ro_binds:
         argv += ["--ro-bind", source, dest]
-    for bind in sorted(plan.binds, key=_depth_key):
+    # Protection binds interleave with user binds by depth (user binds first
+    # at equal depth): a pinned directory mounted after a deeper user bind
+    # would cover it and expose what that bind hides.
+    for bind in sorted((*plan.binds, *plan.protect_binds), key=_depth_key):
         argv += ["--bind" if bind.writable else "--ro-bind", bind.source, bind.dest]
     argv += ["--remount-ro", "/"]
     if plan.seccomp_fd is not None:

@@ -113,6 +113,13 @@ def _parser() -> _Parser:
         help="run even though this protection layer is unavailable",
     )
     p.add_argument(
+        "--unprotect",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="let the command write this host-executed workspace name (e.g. .git, .envrc)",
+    )
+    p.add_argument(
         "--dry-run", action="store_true", help="print the bubblewrap command line and exit"
     )
     return p
@@ -192,6 +199,8 @@ def build_spec(ns: argparse.Namespace, cmd: list[str], caller_env: dict[str, str
         raise UsageError(f"workspace {ws_raw} does not exist")
     if not os.path.isdir(ws_raw):
         raise UsageError(f"workspace {ws_raw} is not a directory")
+    from corral.sandbox.protect import validate_unprotect
+
     workspace = validate_path(ws_raw, "workspace", writable=True, home=home)
     binds: list[Bind] = []
     for p in ns.ro:
@@ -227,6 +236,8 @@ def build_spec(ns: argparse.Namespace, cmd: list[str], caller_env: dict[str, str
         allow_degraded=frozenset(ns.allow_degraded),
         run_id=ns.run_id,
         session_id=ns.session_id,
+        protect=True,
+        unprotect=validate_unprotect(ns.unprotect),
     )
 
 
@@ -433,4 +444,21 @@ def _json_refused(enabled: bool, message: str, layer: str | None) -> None:
 
 
 def quote_argv(argv: Sequence[str]) -> str:
-    return " ".join(shlex.quote(a) for a in argv)
+    """Shell-quoted argv for the terminal. The argv holds workspace names
+    (protected paths), so an argument with a control character or an
+    undecodable byte is written in ANSI-C quoting (`$'...\\x1b...'`): exact
+    for bash and zsh, and no raw control byte reaches the terminal."""
+    return " ".join(_quote(a) for a in argv)
+
+
+def _quote(arg: str) -> str:
+    if arg.isprintable() and not any(0xDC80 <= ord(c) <= 0xDCFF for c in arg):
+        return shlex.quote(arg)
+    raw = os.fsencode(arg)
+    return (
+        "$'"
+        + "".join(
+            chr(b) if 0x20 <= b < 0x7F and b not in (0x27, 0x5C) else f"\\x{b:02x}" for b in raw
+        )
+        + "'"
+    )

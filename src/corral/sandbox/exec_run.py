@@ -46,6 +46,52 @@ def _journal_event(
     journal.append(obs)
 
 
+def _journal_protect(
+    journal: Journal | None, *, spec: SandboxSpec, run: str, state: object
+) -> None:
+    """Journal what was protected and every `--unprotect` opt-out; warn on a cut-short scan."""
+    if not isinstance(state, dict):
+        return
+    if state.get("truncated"):
+        sys.stderr.write(
+            "corral exec: warning: the workspace scan for nested repositories stopped at its"
+            " limit; repositories below it are not protected\n"
+        )
+    unprotected = state.get("unprotected") or []
+    reason = f"{state.get('protected', 0)} host-executed path(s) read-only"
+    if unprotected:
+        reason += f"; unprotected by request: {' '.join(map(str, unprotected))}"
+    _journal_event(journal, spec=spec, run=run, event="protect", reason=reason, detail=state)
+
+
+def _created_below(
+    journal: Journal | None, *, spec: SandboxSpec, run: str, running: RunningSandbox | None
+) -> tuple[str, ...]:
+    """Warn about (and journal) listed names the command created where nothing
+    existed to protect: a new repository or `.envrc` in a subdirectory."""
+    ph = running.placeholders if running is not None else None
+    if ph is None or not ph.created_below:
+        return ()
+    from corral.sandbox.protect import show
+
+    rel = tuple(show(os.path.relpath(p, spec.workspace)) for p in ph.created_below)
+    more = f" (+{len(rel) - 5} more)" if len(rel) > 5 else ""
+    sys.stderr.write(
+        f"corral exec: warning: the command created {len(rel)} host-executed path(s) below the"
+        f" workspace top: {' '.join(rel[:5])}{more}; inspect them before running git, direnv"
+        " or an editor there\n"
+    )
+    _journal_event(
+        journal,
+        spec=spec,
+        run=run,
+        event="protect_created_below",
+        reason=f"the command created {len(rel)} host-executed path(s) below the workspace top",
+        detail={"paths": list(rel[:100])},
+    )
+    return rel[:100]
+
+
 def _journal_outcome(
     journal: Journal | None, run: str, result: ExecResult, spec: SandboxSpec
 ) -> None:
@@ -167,6 +213,8 @@ def execute(
         from corral.sandbox.exec_cli import quote_argv
 
         sys.stdout.write(quote_argv(preview_argv(spec)) + "\n")
+        if spec.unprotect:
+            sys.stderr.write(f"corral exec: unprotected: {' '.join(sorted(spec.unprotect))}\n")
         return None
     from corral.sandbox.reaper import become_subreaper
 
@@ -226,6 +274,7 @@ def execute(
                         reason=f"layer {layer} {state}",
                         detail={"layer": layer},
                     )
+            _journal_protect(jw, spec=spec, run=run, state=running.layers.get("protect"))
             try:
                 result = running.wait(spec.limits.timeout_s)
             except interrupted_exc as exc:
@@ -238,6 +287,7 @@ def execute(
         if egress is not None:
             egress.stop()
         unchecked = _strip_setid(jw, run, spec)
+        created = _created_below(jw, spec=spec, run=run, running=running)
         _journal_outcome(jw, run, result, spec)
         if jw is not None:
             jw.flush()
@@ -261,4 +311,8 @@ def execute(
         )
     elif result.reason == "oom":
         sys.stderr.write("corral exec: killed by the memory limit\n")
-    return result.summary(observations), result.exit
+    summary = result.summary(observations)
+    layers = summary.get("layers")
+    if created and isinstance(layers, dict) and isinstance(layers.get("protect"), dict):
+        layers["protect"] = {**layers["protect"], "created_below_top": list(created)}
+    return summary, result.exit

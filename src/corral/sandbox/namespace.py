@@ -49,6 +49,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Literal
 
+    from corral.sandbox.protect import Placeholders
     from corral.sandbox.uids import UidLease
 
 __all__ = [
@@ -334,6 +335,7 @@ class NamespaceSandbox:
         lease: UidLease | None = None
         fds_to_close: list[int] = []
         host_fds: list[int] = []
+        placeholders: Placeholders | None = None
         try:
             if layout is not None:
                 with contextlib.suppress(CgroupError, OSError):
@@ -406,6 +408,12 @@ class NamespaceSandbox:
                     staged.append(bw.StagedBind(mounts.staged_path(i), path, writable))
             else:
                 staged = [bw.StagedBind(p, p, w) for p, w in binds]
+            protect_binds: tuple[bw.StagedBind, ...] = ()
+            if spec.protect:
+                from corral.sandbox.protect import start_protection
+
+                protect_binds, placeholders = start_protection(spec, staged, cache_dir())
+                layers.active["protect"] = placeholders.summary
 
             plan = bw.BwrapPlan(
                 bwrap=bwrap_path,
@@ -422,6 +430,7 @@ class NamespaceSandbox:
                 info_fd=info_fd,
                 block_fd=block_r,
                 json_status_fd=bwrap_status_w,
+                protect_binds=protect_binds,
             )
             argv = bw.build_argv(plan)
             parent = os.getpid()
@@ -492,9 +501,11 @@ class NamespaceSandbox:
                 uid_lease=lease,
                 hold_fd=hold_w,
                 bwrap_status_fd=bwrap_status_r,
+                placeholders=placeholders,
             )
             lease = None
             host_fds = []
+            placeholders = None
             if self._network_hook is not None:
                 assert info_r is not None and block_w is not None
                 try:
@@ -518,6 +529,8 @@ class NamespaceSandbox:
                     cgroup.remove()
             if lease is not None:
                 lease.close()
+            if placeholders is not None:
+                placeholders.release()
             raise
 
 
@@ -679,10 +692,12 @@ class RunningSandbox:
         uid_lease: UidLease | None = None,
         hold_fd: int = -1,
         bwrap_status_fd: int = -1,
+        placeholders: Placeholders | None = None,
     ) -> None:
         self.proc = proc
         #: The host uid/gid this sandbox holds (None when corral is not root).
         self.uid_lease = uid_lease
+        self.placeholders = placeholders
         self.cgroup = cgroup
         self._status_fd = status_fd
         self._hold_fd = hold_fd
@@ -901,6 +916,8 @@ class RunningSandbox:
                 # Unless the cgroup was removed (so nothing of the sandbox
                 # is left), the next holder scans /proc before reusing it.
                 self.uid_lease.close(clean=emptied)
+            if self.placeholders is not None:
+                self.placeholders.release()
 
 
 def init_command(
@@ -959,6 +976,7 @@ def preview_argv(spec: SandboxSpec, *, root: bool | None = None) -> list[str]:
     """The bwrap argv `start()` would use, with placeholder descriptor numbers."""
     from corral.sandbox import landlock
     from corral.sandbox.initbin import init_binary
+    from corral.sandbox.protect import preview_protection
 
     root = os.geteuid() == 0 if root is None else root
     binds = [(spec.workspace, True), *((b.path, b.writable) for b in spec.binds)]
@@ -982,5 +1000,6 @@ def preview_argv(spec: SandboxSpec, *, root: bool | None = None) -> list[str]:
         sandbox_gid=INSIDE_UID,
         seccomp_fd=15,
         json_status_fd=5,
+        protect_binds=preview_protection(spec, staged) if spec.protect else (),
     )
     return bw.build_argv(plan)

@@ -88,3 +88,7 @@ class SandboxSpec:
     allow_degraded: frozenset[str] = frozenset()
     run_id: str | None = None
     session_id: str | None = None
+    #: Make host-executed workspace files read-only (`sandbox/protect.py`),
+    #: except the names in `unprotect`.
+    protect: bool = False
+    unprotect: frozenset[str] = frozenset()

@@ -167,7 +167,11 @@ class WriteFile:
 
 @dataclass(frozen=True, slots=True)
 class GitRepo:
-    """Make the workspace a git repository with one commit."""
+    """Make `path` (default: the workspace) a git repository with one commit;
+    with `git_dir`, its repository lives there (`git init --separate-git-dir`)."""
+
+    path: str = "{ws}"
+    git_dir: str | None = None
 
 
 Step = Symlink | WriteFile | GitRepo
@@ -228,9 +232,14 @@ class VictimKilled:
 @dataclass(frozen=True, slots=True)
 class HostGit:
     """Fact `key`: whether running git on the host over the workspace made
-    `{hits}/{marker}` appear (workspace content executed on the host)."""
+    `{hits}/{marker}` appear (workspace content executed on the host).
+
+    With `plain`, every backend gets what a user's own next `git commit` in
+    `path` does (plain git), not corral's host-side helper."""
 
     key: str
+    plain: bool = False
+    path: str = "{ws}"
 
 
 @dataclass(frozen=True, slots=True)

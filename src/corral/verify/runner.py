@@ -410,12 +410,16 @@ def _apply_step(step: Symlink | WriteFile | GitRepo, ctx: Mapping[str, Any]) -> 
             with open(p, "w", encoding="utf-8") as f:
                 f.write(_fill(content, ctx))
             os.chmod(p, mode)
-        case GitRepo():
-            ws = str(ctx["ws"])
+        case GitRepo(path=path, git_dir=git_dir):
+            ws = _fill(path, ctx)
+            os.makedirs(ws, exist_ok=True)
             env = {**os.environ, **_GIT_ENV}
             with open(f"{ws}/README.txt", "w", encoding="utf-8") as f:
                 f.write("corral verify\n")
-            for args in (["init", "-q"], ["add", "README.txt"], ["commit", "-q", "-m", "init"]):
+            init = ["init", "-q"]
+            if git_dir is not None:
+                init.append(f"--separate-git-dir={_fill(git_dir, ctx)}")
+            for args in (init, ["add", "README.txt"], ["commit", "-q", "-m", "init"]):
                 subprocess.run(
                     ["git", "-C", ws, *args], env=env, capture_output=True, check=True, timeout=20
                 )
@@ -494,12 +498,13 @@ def _hostgit() -> Any | None:
     return None
 
 
-def _run_host_git(ws: str, git_dir: str, backend: Backend) -> None:
+def _run_host_git(ws: str, git_dir: str, backend: Backend, *, plain: bool = False) -> None:
     """What the host does with the workspace afterwards: corral's own helper
     (a trusted repository outside the workspace: init, commit everything,
     status, diff) for corral backends; plain git with an identity for the
-    others, which ship no host-side helper."""
-    if backend.kind == "corral":
+    others, which ship no host-side helper, and for every backend when
+    `plain` (the user's own git after `corral exec`)."""
+    if backend.kind == "corral" and not plain:
         hg = _hostgit()
         assert hg is not None
         repo = hg.TrustedRepo(git_dir=Path(git_dir), work_tree=Path(ws))
@@ -1218,10 +1223,13 @@ class _Suite:
                     facts[key] = _mounted(_fill(path, ctx))
                 case VictimKilled(key=key):
                     facts[key] = victim is not None and kill_victim(victim)
-                case HostGit(key=key):
+                case HostGit(key=key, plain=plain, path=path):
                     hit = f"{ctx['hits']}/{marker}"
                     _run_host_git(
-                        str(ctx["ws"]), f"{self.cs.root}/trusted-git/{marker}", self.backend
+                        _fill(path, ctx),
+                        f"{self.cs.root}/trusted-git/{marker}",
+                        self.backend,
+                        plain=plain,
                     )
                     facts[key] = os.path.lexists(hit)
                     _remove(hit, marker)

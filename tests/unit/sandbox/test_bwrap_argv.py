@@ -177,3 +177,43 @@ def test_json_status_fd_before_the_command() -> None:
     i = argv.index("--json-status-fd")
     assert argv[i + 1] == "13"
     assert i < argv.index("--chdir")
+
+
+def test_protect_binds_come_after_every_user_bind() -> None:
+    # A protected path inside the workspace must be mounted over the
+    # workspace bind, never hidden under it.
+    protect = (
+        StagedBind("/run/corral-stage/0/.git", "/work/p/.git", False),
+        StagedBind("/run/corral-stage/0/a", "/work/p/a", True),
+        StagedBind("/run/corral-stage/0/a/.git", "/work/p/a/.git", False),
+    )
+    argv = build_argv(_plan(protect_binds=protect))
+    i = argv.index("/work/p/.git")
+    assert argv[i - 2 : i + 7] == [
+        "--ro-bind",
+        "/run/corral-stage/0/.git",
+        "/work/p/.git",
+        "--bind",
+        "/run/corral-stage/0/a",
+        "/work/p/a",
+        "--ro-bind",
+        "/run/corral-stage/0/a/.git",
+        "/work/p/a/.git",
+    ]
+    assert argv.index("/work/p") < i < argv.index("--remount-ro")
+    assert build_argv(_plan()) == GOLDEN
+
+
+def test_a_pinned_directory_never_covers_a_deeper_user_bind() -> None:
+    plan = _plan(
+        binds=(
+            StagedBind("/run/corral-stage/0", "/work/p", True),
+            StagedBind("/run/corral-stage/1", "/work/p/a/data", False),
+        ),
+        protect_binds=(
+            StagedBind("/run/corral-stage/0/a", "/work/p/a", True),
+            StagedBind("/run/corral-stage/0/a/b/.git", "/work/p/a/b/.git", False),
+        ),
+    )
+    argv = build_argv(plan)
+    assert argv.index("/work/p") < argv.index("/work/p/a") < argv.index("/work/p/a/data")

@@ -6,6 +6,7 @@ from corral.verify.model import Probe
 from corral.verify.probes import (
     audit,
     files,
+    host_executed,
     host_integrity,
     hostile_files,
     network,
@@ -32,6 +33,7 @@ def all_probes() -> list[Probe]:
         *secrets.PROBES,
         *processes.PROBES,
         *host_integrity.PROBES,
+        *host_executed.PROBES,
         *resources.PROBES,
         *privilege.PROBES,
         *audit.PROBES,
