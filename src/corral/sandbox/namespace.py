@@ -46,6 +46,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Literal
 
+    from corral.sandbox.unix_supervisor import ChildInstaller as UnixChildInstaller
+    from corral.sandbox.unix_supervisor import UnixConnectEvent, UnixSupervisor
+
 __all__ = [
     "INSIDE_UID",
     "SANDBOX_HOST_GID",
@@ -209,6 +212,7 @@ class NamespaceSandbox:
         cgroup_layout: CgroupLayout | None = None,
         network_hook: Callable[[int], None] | None = None,
         init_kind: Literal["auto", "c", "python"] = "auto",
+        unix_observer: Callable[[UnixConnectEvent], None] | None = None,
     ) -> None:
         self.spec = spec
         self.init_kind = init_kind
@@ -216,6 +220,7 @@ class NamespaceSandbox:
         self.cgroup_parent = cgroup_parent
         self._layout = cgroup_layout
         self._network_hook = network_hook
+        self._unix_observer = unix_observer
         self.is_root = os.geteuid() == 0
 
     # -- layer checks (cheap: file reads and one syscall, no subprocess) --
@@ -285,6 +290,12 @@ class NamespaceSandbox:
             layers.active["landlock"] = abi
         self._abi = abi
 
+        from corral.sandbox import unix_supervisor
+
+        ux_reason = unix_supervisor.unavailable_reason()
+        if layers.need(spec, "unix", ux_reason, "Linux >= 5.9 with seccomp user notification"):
+            layers.active["unix"] = True
+
         use_idmap = self.is_root
         if use_idmap:
             layers.active["idmap"] = True
@@ -317,6 +328,7 @@ class NamespaceSandbox:
         started = time.monotonic()
         cgroup: Cgroup | None = None
         fds_to_close: list[int] = []
+        unix: UnixChildInstaller | None = None
         try:
             if layout is not None:
                 with contextlib.suppress(CgroupError, OSError):
@@ -392,6 +404,11 @@ class NamespaceSandbox:
             argv = bw.build_argv(plan)
             parent = os.getpid()
             is_root = self.is_root
+            if layers.active.get("unix") is True:
+                from corral.sandbox import unix_supervisor
+
+                grants = unix_supervisor.grants_for(spec.allow_unix)
+                unix = unix_supervisor.ChildInstaller(unix_supervisor.notify_filter())
 
             def child_setup() -> None:
                 try:
@@ -408,6 +425,8 @@ class NamespaceSandbox:
                     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
                     if os.getppid() != parent:
                         os._exit(125)
+                    if unix is not None:
+                        unix.install()
                 except BaseException as exc:
                     with contextlib.suppress(OSError):
                         os.write(err_w, str(exc).encode()[:4000])
@@ -442,6 +461,16 @@ class NamespaceSandbox:
                 with contextlib.suppress(OSError):
                     os.close(fd)
             fds_to_close = []
+            supervisor = None
+            if unix is not None:
+                try:
+                    supervisor = unix.start_supervisor(grants, self._unix_observer)
+                except BaseException:
+                    proc.kill()
+                    proc.wait()
+                    raise
+                finally:
+                    unix.close()
             running = RunningSandbox(
                 proc=proc,
                 cgroup=cgroup,
@@ -450,6 +479,7 @@ class NamespaceSandbox:
                 started=started,
                 spec=spec,
             )
+            running.unix_supervisor = supervisor
             if self._network_hook is not None:
                 assert info_r is not None and block_w is not None
                 try:
@@ -468,6 +498,8 @@ class NamespaceSandbox:
             for fd in fds_to_close:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+            if unix is not None:
+                unix.close()
             if cgroup is not None:
                 with contextlib.suppress(CgroupError):
                     cgroup.remove()
@@ -531,6 +563,7 @@ class RunningSandbox:
         self.events: list[dict[str, object]] = []
         self._closed = False
         self._alive_at_kill = 0
+        self.unix_supervisor: UnixSupervisor | None = None
         os.set_blocking(status_fd, False)
 
     @property
@@ -668,6 +701,8 @@ class RunningSandbox:
             if self.cgroup is not None:
                 self.cgroup.remove()
         finally:
+            if self.unix_supervisor is not None:
+                self.unix_supervisor.close()
             with contextlib.suppress(OSError):
                 os.close(self._status_fd)
 
