@@ -599,6 +599,13 @@ class UnixSupervisor:
             os.close(pinned)
 
     def _resolve(self, pid: int, path: bytes) -> int:
+        if not path.startswith(b"/"):
+            # The cwd as the sandbox names it; whatever the link says, the
+            # lookup below stays inside the sandbox's root.
+            with contextlib.suppress(OSError):
+                cwd = os.readlink(f"/proc/{pid}/cwd".encode())
+                if cwd.startswith(b"/") and not cwd.endswith(b" (deleted)"):
+                    path = cwd.rstrip(b"/") + b"/" + path
         absolute = path.startswith(b"/")
         base = f"/proc/{pid}/{'root' if absolute else 'cwd'}"
         try:
