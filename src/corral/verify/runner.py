@@ -907,7 +907,7 @@ class _Suite:
             self.opts.env,
             settings,
             config,
-            p.exec_args if self.backend.kind == "corral" else (),
+            tuple(_fill(a, ctx) for a in p.exec_args) if self.backend.kind == "corral" else (),
         )
         params = {k: v for k, v in ctx.items() if isinstance(v, str | int | float)}
         program = f"import json\nP = json.loads({json.dumps(params)!r})\n{PRELUDE}\n{p.code}"

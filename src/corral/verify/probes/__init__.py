@@ -12,6 +12,7 @@ from corral.verify.probes import (
     processes,
     resources,
     secrets,
+    unix_sockets,
     usability,
 )
 from corral.verify.probes._prelude import PRELUDE
@@ -31,6 +32,7 @@ def all_probes() -> list[Probe]:
         *privilege.PROBES,
         *audit.PROBES,
         *usability.PROBES,
+        *unix_sockets.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:
