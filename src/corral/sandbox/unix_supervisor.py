@@ -90,6 +90,7 @@ _PR_SET_NO_NEW_PRIVS = 38
 _SIOCGSKNS = 0x894C
 _CLONE_NEWNET = 0x4000_0000
 _NS_GET_USERNS = 0xB701
+_PIDFD_THREAD = os.O_EXCL
 _SOL_SOCKET = 1
 _SO_DOMAIN = 39
 _AF_UNSPEC = 0
@@ -321,6 +322,25 @@ class _Denied(Exception):
     def __init__(self, err: int) -> None:
         super().__init__(err)
         self.err = err
+
+
+def _pidfd_of_thread(tid: int) -> int:
+    """A pidfd for the notifying task, which may be any thread of its process."""
+    try:
+        # PIDFD_THREAD (Linux 6.9): pidfd_getfd then reads this thread's own fd table.
+        return os.pidfd_open(tid, _PIDFD_THREAD)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise _Denied(errno.ESRCH) from None
+    # Older kernels take only a thread-group leader. The caller re-checks that
+    # the notification is still pending afterwards, so `tid` cannot have been
+    # reused by another task in between.
+    try:
+        with open(f"/proc/{tid}/status", "rb") as fh:
+            tgid = next(int(line.split()[1]) for line in fh if line.startswith(b"Tgid:"))
+        return os.pidfd_open(tgid)
+    except (OSError, StopIteration, ValueError):
+        raise _Denied(errno.ESRCH) from None
 
 
 def _read_remote(pid: int, addr: int, size: int) -> bytes:
@@ -585,10 +605,7 @@ class UnixSupervisor:
         addrlen = ctypes.c_int32(notif.args[2] & 0xFFFFFFFF).value
         if not 0 <= addrlen <= _SOCKADDR_STORAGE:
             return errno.EINVAL
-        try:
-            pidfd = os.pidfd_open(notif.pid)
-        except OSError:
-            raise _Denied(errno.ESRCH) from None
+        pidfd = _pidfd_of_thread(notif.pid)
         try:
             # The pid may have been reused before pidfd_open: only a still
             # pending notification proves the pidfd names the caller.

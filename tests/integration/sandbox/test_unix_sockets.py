@@ -363,3 +363,39 @@ def test_supervisor_gone_fails_connects_closed(workspace: Path, tmp_path: Path) 
     got = (workspace / "result").read_text().split()
     assert got == [errno.errorcode[errno.ENOSYS]] * 2
     assert host.hits == 0
+
+
+_BLOCKING = r"""
+import os, socket, threading
+NR_CONNECT = {"x86_64": 42, "aarch64": 203}[os.uname().machine]
+full = socket.socket(socket.AF_UNIX); full.bind("full.sock"); full.listen(0)
+first = socket.socket(socket.AF_UNIX); first.connect("full.sock")  # fills the backlog
+other = socket.socket(socket.AF_UNIX); other.bind("other.sock"); other.listen(1)
+res = {}
+tid = []
+def blocked():
+    tid.append(threading.get_native_id())
+    s = socket.socket(socket.AF_UNIX)
+    s.connect("full.sock")  # blocks until the backlog drains
+    res["blocked"] = "ok"
+t = threading.Thread(target=blocked); t.start()
+while not tid:
+    pass
+for _ in range(10**6):
+    with open(f"/proc/self/task/{tid[0]}/syscall") as fh:
+        if fh.read().split()[0] == str(NR_CONNECT):
+            break
+else:
+    raise SystemExit("the thread never entered connect()")
+c = socket.socket(socket.AF_UNIX); c.connect("other.sock")
+res["other-while-blocked"] = "blocked" not in res
+full.accept()
+t.join(30)
+print(res)
+"""
+
+
+def test_blocking_connect_in_a_thread_does_not_stall_other_connects(corral_exec: ExecFn) -> None:
+    out = corral_exec("python3", "-c", _BLOCKING, timeout=60)
+    assert out.code == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "{'other-while-blocked': True, 'blocked': 'ok'}"

@@ -74,9 +74,7 @@ def test_every_connect_is_notified(nrs: tuple[int, int, int]) -> None:
 
 @pytest.mark.parametrize("kind", [_DGRAM, _RAW, _DGRAM | _NONBLOCK_CLOEXEC, _RAW | 0o4000])
 @pytest.mark.parametrize("call", [1, 2])
-def test_unix_datagram_sockets_are_refused(
-    nrs: tuple[int, int, int], kind: int, call: int
-) -> None:
+def test_unix_datagram_sockets_are_refused(nrs: tuple[int, int, int], kind: int, call: int) -> None:
     ret = _run(nrs[call], (_AF_UNIX, kind, 0))
     assert seccomp.ret_errno(ret) == errno.EPERM
     # The kernel reads int arguments: garbage in the upper halves changes nothing.
