@@ -40,6 +40,7 @@ import contextlib
 import ctypes
 import errno
 import os
+import queue
 import select
 import socket
 import stat
@@ -505,7 +506,12 @@ class UnixSupervisor:
         self._diag_lock = threading.Lock()
         self._diag: dict[tuple[int, int], socket.socket] = {}
         self._reported: set[tuple[int, int]] = set()
-        self._slots = threading.BoundedSemaphore(_MAX_PENDING)
+        # Workers stay alive between notifications (starting a thread per
+        # connect doubled its cost); at most _MAX_PENDING run, so a flood of
+        # blocking connects queues further notifications instead of passing them.
+        self._jobs: queue.SimpleQueue[_Notif | None] = queue.SimpleQueue()
+        self._pool_lock = threading.Lock()
+        self._workers = self._idle = self._backlog = 0
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
         self._thread = threading.Thread(target=self._loop, name="corral-unix", daemon=True)
         self.answered = 0
@@ -520,6 +526,9 @@ class UnixSupervisor:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(5.0)
         self._close_listener()
+        with self._pool_lock:
+            for _ in range(self._workers):
+                self._jobs.put(None)
         with self._diag_lock:
             for s in self._diag.values():
                 s.close()
@@ -549,10 +558,7 @@ class UnixSupervisor:
                 if ev & select.POLLIN:
                     notif = self._recv()
                     if notif is not None:
-                        self._slots.acquire()
-                        threading.Thread(
-                            target=self._work, args=(notif,), name="corral-unix-w", daemon=True
-                        ).start()
+                        self._dispatch(notif)
                 elif ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
                     # Every process under the filter has exited.
                     return
@@ -586,6 +592,29 @@ class UnixSupervisor:
             _ioctl(self._listener, _IOCTL_SEND, ctypes.addressof(resp))
             self.answered += 1
 
+    def _dispatch(self, notif: _Notif) -> None:
+        spawn = False
+        with self._pool_lock:
+            if self._idle:
+                self._idle -= 1
+            elif self._workers < _MAX_PENDING:
+                self._workers += 1
+                spawn = True
+            else:
+                self._backlog += 1
+        self._jobs.put(notif)
+        if spawn:
+            threading.Thread(target=self._worker, name="corral-unix-w", daemon=True).start()
+
+    def _worker(self) -> None:
+        while (notif := self._jobs.get()) is not None:
+            self._work(notif)
+            with self._pool_lock:
+                if self._backlog:
+                    self._backlog -= 1
+                else:
+                    self._idle += 1
+
     def _work(self, notif: _Notif) -> None:
         err = errno.EACCES
         try:
@@ -594,8 +623,6 @@ class UnixSupervisor:
             err = d.err
         except Exception:  # fail closed: any surprise refuses the connect
             err = errno.EACCES
-        finally:
-            self._slots.release()
         self._respond(notif.id, 0, err)
 
     # -- one connect -------------------------------------------------------
