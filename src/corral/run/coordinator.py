@@ -60,11 +60,16 @@ from corral.run.report import render_report
 from corral.run.runcg import RunCgroup
 from corral.run.store import CheckResult, RunLock, Store
 from corral.sandbox.namespace import ExecResult, NamespaceSandbox, RunningSandbox
+from corral.sandbox.unix_journal import unix_observer
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from corral.broker.journal import Journal
     from corral.provider.server import ProviderThread
     from corral.sandbox.egress import EgressBroker
+    from corral.sandbox.spec import SandboxSpec
+    from corral.sandbox.unix_supervisor import UnixConnectEvent
 
 __all__ = [
     "Coordinator",
@@ -216,6 +221,11 @@ class Coordinator:
             detail=detail or {},
         )
         self._journal.append(obs)
+
+    def _unix_observer(self, spec: SandboxSpec) -> Callable[[UnixConnectEvent], None] | None:
+        if self._journal is None:
+            return None
+        return unix_observer(self._journal, spec=spec, run=self.run_id)
 
     def _on_forward(self, target: str) -> None:
         # Runs on the relay thread; an exception refuses the connection.
@@ -480,7 +490,12 @@ class Coordinator:
         egress: EgressBroker = EgressBroker(
             bcfg.to_json(), self.layout.journal, run=self.run_id, session=str(n), env="agent"
         )
-        sandbox = NamespaceSandbox(spec, cgroup_parent=self._cg.relpath, network_hook=egress.attach)
+        sandbox = NamespaceSandbox(
+            spec,
+            cgroup_parent=self._cg.relpath,
+            network_hook=egress.attach,
+            unix_observer=self._unix_observer(spec),
+        )
         try:
             running = sandbox.start()
         except CorralError as exc:
@@ -638,7 +653,10 @@ class Coordinator:
         holder: list[NetNs] = []
         spec = product_spec(self.layout, self.mission, n)
         sandbox = NamespaceSandbox(
-            spec, cgroup_parent=self._cg.relpath, network_hook=lambda pid: holder.append(NetNs(pid))
+            spec,
+            cgroup_parent=self._cg.relpath,
+            network_hook=lambda pid: holder.append(NetNs(pid)),
+            unix_observer=self._unix_observer(spec),
         )
         try:
             running = sandbox.start()
@@ -690,6 +708,7 @@ class Coordinator:
             spec,
             cgroup_parent=self._cg.relpath,
             network_hook=hook if product_ns is not None else None,
+            unix_observer=self._unix_observer(spec),
         )
         started = time.monotonic()
         try:

@@ -8,16 +8,15 @@ import sys
 
 from corral.sandbox.namespace import ExecResult, NamespaceSandbox, RunningSandbox, preview_argv
 from corral.sandbox.spec import SandboxSpec
+from corral.sandbox.unix_journal import unix_observer
 
 # Not `typing.TYPE_CHECKING`: importing typing costs ~5 ms on every `corral exec`.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from pathlib import Path
 
     from corral.broker.journal import Journal
     from corral.sandbox.egress import EgressBroker
-    from corral.sandbox.unix_supervisor import UnixConnectEvent
 
 __all__ = ["execute"]
 
@@ -45,28 +44,6 @@ def _journal_event(
         detail=detail or {},
     )
     journal.append(obs)
-
-
-def unix_observer(
-    journal: Journal, *, spec: SandboxSpec, run: str
-) -> Callable[[UnixConnectEvent], None]:
-    """Writes each decided unix connect as a `unix_connect` observation (before it happens)."""
-    from corral.broker.actions import Identity, Observation, UnixConnect
-
-    identity = Identity(run=run, session=spec.session_id, env=spec.env_kind)
-
-    def record(ev: UnixConnectEvent) -> None:
-        obs = Observation.of(
-            UnixConnect(path=ev.path or "?", pid=ev.pid),
-            identity,
-            decision="allow" if ev.allow else "deny",
-            rule=ev.rule,
-            reason=ev.reason,
-            detail={"errno": ev.error} if ev.error else {},
-        )
-        journal.append(obs)
-
-    return record
 
 
 def _journal_outcome(
