@@ -399,3 +399,30 @@ def test_blocking_connect_in_a_thread_does_not_stall_other_connects(corral_exec:
     out = corral_exec("python3", "-c", _BLOCKING, timeout=60)
     assert out.code == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "{'other-while-blocked': True, 'blocked': 'ok'}"
+
+
+def test_missing_supervisor_refuses_unless_degraded(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from corral.errors import LayerUnavailableError
+    from corral.sandbox import unix_supervisor
+
+    monkeypatch.setattr(unix_supervisor, "unavailable_reason", lambda: "no user notification")
+    spec = SandboxSpec(argv=("true",), workspace=str(workspace), env=(("PATH", "/usr/bin"),))
+    with pytest.raises(LayerUnavailableError) as info:
+        NamespaceSandbox(spec).start()
+    assert info.value.layer == "unix"
+    degraded = SandboxSpec(
+        argv=("true",),
+        workspace=str(workspace),
+        env=(("PATH", "/usr/bin"),),
+        allow_degraded=frozenset({"unix"}),
+    )
+    running = NamespaceSandbox(degraded).start()
+    try:
+        result = running.wait(60)
+    finally:
+        running.close()
+    assert result.exit == 0
+    assert str(result.layers["unix"]).startswith("degraded")
+    assert running.unix_supervisor is None
