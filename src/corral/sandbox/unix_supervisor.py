@@ -500,6 +500,7 @@ class UnixSupervisor:
         observer: Callable[[UnixConnectEvent], None] | None = None,
     ) -> None:
         self._listener = listener
+        self._nr_connect = _ARCH[os.uname().machine][2]
         self._grants = grants
         self._observer = observer
         self._lock = threading.Lock()
@@ -627,6 +628,8 @@ class UnixSupervisor:
 
     # -- one connect -------------------------------------------------------
     def _handle(self, notif: _Notif) -> int:
+        if notif.nr != self._nr_connect:
+            return errno.ENOSYS
         fd_nr = notif.args[0] & 0xFFFFFFFF
         addr_ptr = notif.args[1]
         addrlen = ctypes.c_int32(notif.args[2] & 0xFFFFFFFF).value
@@ -657,8 +660,18 @@ class UnixSupervisor:
         )
         if rc != 0:
             return ctypes.get_errno()
-        if domain.value != socket.AF_UNIX:
+        if domain.value in (socket.AF_INET, socket.AF_INET6):
             return _raw_connect(sock, addr)
+        if domain.value == socket.AF_NETLINK:
+            # netlink_connect() lets CAP_NET_ADMIN (which this process has)
+            # subscribe to multicast groups; refuse as for an unprivileged caller.
+            if len(addr) >= 12 and int.from_bytes(addr[8:12], "little"):
+                return errno.EPERM
+            return _raw_connect(sock, addr)
+        if domain.value != socket.AF_UNIX:
+            # Other families may check the connecting task's capabilities,
+            # which would be this process's rather than the sandbox's.
+            return errno.EPERM
         if len(addr) <= _SUN_PATH_OFFSET or len(addr) > _SOCKADDR_UN_SIZE:
             return errno.EINVAL
         family = int.from_bytes(addr[:2], "little")
@@ -728,8 +741,15 @@ class UnixSupervisor:
                 diag = self._diag.get(key)
                 if diag is None:
                     diag = _diag_socket_in(netns)
+                    diag.settimeout(5.0)
                     self._diag[key] = diag
-                bound = _diag_inodes(diag)
+                try:
+                    bound = _diag_inodes(diag)
+                except BaseException:
+                    # A half-read dump would confuse the next one.
+                    del self._diag[key]
+                    diag.close()
+                    raise
         finally:
             os.close(netns)
         return (target.dev, target.ino & 0xFFFFFFFF) in bound
@@ -744,7 +764,7 @@ class UnixSupervisor:
 
 
 def _raw_connect(sock: int, addr: bytes) -> int:
-    buf = ctypes.create_string_buffer(addr, len(addr))
+    buf = ctypes.create_string_buffer(addr, max(len(addr), 1))
     if _libc.connect(sock, buf, len(addr)) != 0:
         return ctypes.get_errno()
     return 0

@@ -182,7 +182,7 @@ def test_sandbox_own_sockets_and_loopback_tcp_still_work(
     corral_exec: ExecFn, workspace: Path
 ) -> None:
     code = r"""
-import json, os, socket
+import errno, json, os, socket
 out = {}
 keep = []
 for name, path, kind in (("ws-stream", "own.sock", socket.SOCK_STREAM),
@@ -198,6 +198,11 @@ os.chdir("..")
 a, b = socket.socketpair(); a.sendall(b"pair"); out["socketpair"] = b.recv(4).decode()
 t = socket.socket(); t.bind(("127.0.0.1", 0)); t.listen(1)
 c = socket.create_connection(t.getsockname()); out["tcp"] = "ok"
+n = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0); n.connect((0, 0)); out["netlink"] = "ok"
+try:
+    socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0).connect((0, 1)); out["nl-groups"] = "ok"
+except OSError as e:
+    out["nl-groups"] = errno.errorcode[e.errno]
 os.unlink("own.sock")
 print(json.dumps(out))
 """
@@ -212,6 +217,8 @@ print(json.dumps(out))
         "dotdot": "ok",
         "socketpair": "pair",
         "tcp": "ok",
+        "netlink": "ok",
+        "nl-groups": "EPERM",
     }
 
 
