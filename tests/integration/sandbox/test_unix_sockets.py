@@ -300,6 +300,27 @@ for i in range(int(sys.argv[3])):
         srv.accept()[0].close()
     s.close()
 stop = True
+# Phase 2: the name itself flips between the sandbox's socket and a symlink to the host's.
+stop = False
+def rename():
+    while not stop:
+        for tmp, make, src in (("t1", os.symlink, host), ("t2", os.link, own)):
+            try:
+                make(src, tmp)
+                os.replace(tmp, "flip.sock")
+            except OSError:
+                pass
+threading.Thread(target=rename, daemon=True).start()
+for i in range(int(sys.argv[3])):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect("flip.sock")
+        ok += 1
+        srv.accept()[0].close()
+    except OSError:
+        pass
+    s.close()
+stop = True
 print("OK", ok)
 """
 
