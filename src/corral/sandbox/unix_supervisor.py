@@ -10,11 +10,13 @@ socketpair; `UnixSupervisor` answers every notification:
 - it copies the address out of the caller's memory once and only ever uses
   that copy, and takes the caller's socket with `pidfd_getfd` (the same open
   file description, so O_NONBLOCK and timeouts behave as in the sandbox);
-- a non-AF_UNIX socket (its network namespace is the sandbox's) and an
-  abstract address (abstract names are scoped by the network namespace) are
-  connected as asked;
+- an inet, inet6 or netlink socket (its network namespace is the sandbox's)
+  and an abstract address (abstract names are scoped by the network
+  namespace) are connected as asked; other families are refused, because
+  their checks would see this process's capabilities instead of the sandbox's;
 - a pathname is resolved the way the sandbox sees it (`openat2` below
-  `/proc/<pid>/root` with RESOLVE_IN_ROOT, relative paths beneath its cwd),
+  `/proc/<pid>/root` with RESOLVE_IN_ROOT and no magic links; a relative path
+  is joined to the caller's cwd),
   the inode is pinned with O_PATH, and `unix_admit.admit` decides: the
   sandbox's own listeners (found by (dev, ino) in a UNIX_DIAG dump taken in
   the socket's network namespace) and `--allow-unix` grants are connected
@@ -515,7 +517,6 @@ class UnixSupervisor:
         self._workers = self._idle = self._backlog = 0
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
         self._thread = threading.Thread(target=self._loop, name="corral-unix", daemon=True)
-        self.answered = 0
 
     def start(self) -> None:
         self._thread.start()
@@ -591,7 +592,6 @@ class UnixSupervisor:
                 return
             # ENOENT: the caller died or was interrupted meanwhile; nothing to do.
             _ioctl(self._listener, _IOCTL_SEND, ctypes.addressof(resp))
-            self.answered += 1
 
     def _dispatch(self, notif: _Notif) -> None:
         spawn = False
