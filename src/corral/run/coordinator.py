@@ -69,7 +69,7 @@ if TYPE_CHECKING:
     from corral.provider.server import ProviderThread
     from corral.sandbox.egress import EgressBroker
     from corral.sandbox.spec import SandboxSpec
-    from corral.sandbox.unix_supervisor import UnixConnectEvent
+    from corral.sandbox.unix_admit import UnixConnectEvent
 
 __all__ = [
     "Coordinator",

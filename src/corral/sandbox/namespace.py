@@ -46,8 +46,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Literal
 
+    from corral.sandbox.unix_admit import UnixConnectEvent
     from corral.sandbox.unix_supervisor import ChildInstaller as UnixChildInstaller
-    from corral.sandbox.unix_supervisor import UnixConnectEvent, UnixSupervisor
+    from corral.sandbox.unix_supervisor import UnixSupervisor
 
 __all__ = [
     "INSIDE_UID",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass
 
-__all__ = ["Admission", "UnixGrant", "UnixTarget", "admit"]
+__all__ = ["Admission", "UnixConnectEvent", "UnixGrant", "UnixTarget", "admit"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,3 +67,15 @@ def admit(target: UnixTarget, grants: tuple[UnixGrant, ...], inside: bool) -> Ad
         "the listener is outside this sandbox (host or another sandbox)",
         errno.EACCES,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class UnixConnectEvent:
+    """One decided pathname connect, for the journal (`path` is sandbox text)."""
+
+    pid: int
+    path: str
+    allow: bool
+    rule: str
+    reason: str
+    error: int

@@ -10,7 +10,7 @@ from corral.sandbox.spec import SandboxSpec
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from corral.broker.journal import Journal
-    from corral.sandbox.unix_supervisor import UnixConnectEvent
+    from corral.sandbox.unix_admit import UnixConnectEvent
 
 __all__ = ["unix_observer"]
 

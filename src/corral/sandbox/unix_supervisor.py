@@ -38,25 +38,29 @@ or ignore it when connected). Foreign ABIs (i386, x32) are killed, so their
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import errno
 import os
-import queue
 import select
 import socket
 import stat
 import struct
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from corral.errors import SandboxStartError
-from corral.sandbox.unix_admit import Admission, UnixGrant, UnixTarget, admit
+
+# Not `typing.TYPE_CHECKING`: importing typing costs ~5 ms on every `corral exec`.
+# unix_admit (frozen dataclasses, ~2 ms each to create) is imported on first
+# use, off the start path.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from corral.sandbox.unix_admit import Admission, UnixConnectEvent, UnixGrant, UnixTarget
 
 __all__ = [
     "ChildInstaller",
-    "UnixConnectEvent",
     "UnixSupervisor",
     "grants_for",
     "notify_filter",
@@ -264,20 +268,10 @@ def recv_listener(sock: socket.socket, timeout_s: float = 10.0) -> int:
     return fds[0]
 
 
-@dataclass(frozen=True, slots=True)
-class UnixConnectEvent:
-    """One decided pathname connect, for the journal (`path` is sandbox text)."""
-
-    pid: int
-    path: str
-    allow: bool
-    rule: str
-    reason: str
-    error: int
-
-
 def grants_for(paths: tuple[str, ...]) -> tuple[UnixGrant, ...]:
     """`--allow-unix` paths as inodes, taken now (raises SandboxStartError)."""
+    from corral.sandbox.unix_admit import UnixGrant
+
     out = []
     for path in paths:
         try:
@@ -512,7 +506,8 @@ class UnixSupervisor:
         # Workers stay alive between notifications (starting a thread per
         # connect doubled its cost); at most _MAX_PENDING run, so a flood of
         # blocking connects queues further notifications instead of passing them.
-        self._jobs: queue.SimpleQueue[_Notif | None] = queue.SimpleQueue()
+        self._jobs: collections.deque[_Notif | None] = collections.deque()
+        self._jobs_ready = threading.Condition(threading.Lock())
         self._pool_lock = threading.Lock()
         self._workers = self._idle = self._backlog = 0
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
@@ -529,8 +524,9 @@ class UnixSupervisor:
             self._thread.join(5.0)
         self._close_listener()
         with self._pool_lock:
-            for _ in range(self._workers):
-                self._jobs.put(None)
+            workers = self._workers
+        for _ in range(workers):
+            self._put(None)
         with self._diag_lock:
             for s in self._diag.values():
                 s.close()
@@ -603,12 +599,23 @@ class UnixSupervisor:
                 spawn = True
             else:
                 self._backlog += 1
-        self._jobs.put(notif)
+        self._put(notif)
         if spawn:
             threading.Thread(target=self._worker, name="corral-unix-w", daemon=True).start()
 
+    def _put(self, job: _Notif | None) -> None:
+        with self._jobs_ready:
+            self._jobs.append(job)
+            self._jobs_ready.notify()
+
+    def _get(self) -> _Notif | None:
+        with self._jobs_ready:
+            while not self._jobs:
+                self._jobs_ready.wait()
+            return self._jobs.popleft()
+
     def _worker(self) -> None:
-        while (notif := self._jobs.get()) is not None:
+        while (notif := self._get()) is not None:
             self._work(notif)
             with self._pool_lock:
                 if self._backlog:
@@ -686,6 +693,8 @@ class UnixSupervisor:
         return self._connect_path(notif, sock, path)
 
     def _connect_path(self, notif: _Notif, sock: int, path: bytes) -> int:
+        from corral.sandbox.unix_admit import Admission, UnixTarget, admit
+
         text = os.fsdecode(path)
         try:
             pinned = self._resolve(notif.pid, path)
@@ -755,6 +764,8 @@ class UnixSupervisor:
         return (target.dev, target.ino & 0xFFFFFFFF) in bound
 
     def _report(self, pid: int, path: str, decision: Admission) -> None:
+        from corral.sandbox.unix_admit import UnixConnectEvent
+
         if self._observer is not None:
             self._observer(
                 UnixConnectEvent(
