@@ -455,3 +455,48 @@ def test_missing_supervisor_refuses_unless_degraded(
     assert result.exit == 0
     assert str(result.layers["unix"]).startswith("degraded")
     assert running.unix_supervisor is None
+
+
+_OWN_LISTENER = r"""
+import ctypes, errno, os, socket, struct, sys, threading
+libc = ctypes.CDLL(None, use_errno=True)
+NR = {"x86_64": (317, 42), "aarch64": (277, 203)}[os.uname().machine]
+prog = b"".join(struct.pack("<HBBI", *i) for i in (
+    (0x20, 0, 0, 0), (0x15, 0, 1, NR[1]), (0x06, 0, 0, 0x7FC00000), (0x06, 0, 0, 0x7FFF0000)))
+buf = ctypes.create_string_buffer(prog, len(prog))
+class Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+fp = Fprog(len(prog) // 8, ctypes.addressof(buf))
+fd = libc.syscall(ctypes.c_long(NR[0]), ctypes.c_long(1), ctypes.c_long(8),
+                  ctypes.c_void_p(ctypes.addressof(fp)))
+print("install", "ok" if fd >= 0 else errno.errorcode[ctypes.get_errno()])
+if fd >= 0:
+    def answer():
+        # Answer every notification with SECCOMP_USER_NOTIF_FLAG_CONTINUE.
+        while True:
+            n = ctypes.create_string_buffer(80)
+            if libc.ioctl(fd, ctypes.c_ulong(0xC0502100), n) != 0:
+                continue
+            nid = struct.unpack_from("<Q", n.raw)[0]
+            resp = ctypes.create_string_buffer(struct.pack("<QqiI", nid, 0, 0, 1), 24)
+            libc.ioctl(fd, ctypes.c_ulong(0xC0182101), resp)
+    threading.Thread(target=answer, daemon=True).start()
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(sys.argv[1]); print("connect ok")
+except OSError as e:
+    print("connect", errno.errorcode[e.errno])
+"""
+
+
+def test_sandbox_cannot_install_its_own_listener_to_pass_connects(
+    corral_exec: ExecFn, workspace: Path, listeners: list[HostListener]
+) -> None:
+    host = HostListener(workspace / "app.sock")
+    listeners.append(host)
+    out = corral_exec("python3", "-c", _OWN_LISTENER, str(host.path))
+    assert out.code == 0, out.stderr
+    assert "install EBUSY" in out.stdout
+    assert "connect EACCES" in out.stdout
+    time.sleep(0.2)
+    assert host.hits == 0
