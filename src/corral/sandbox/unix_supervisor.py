@@ -75,6 +75,7 @@ _ARCH = {
     "x86_64": (0xC000_003E, 317, 42, 41, 53),
     "aarch64": (0xC000_00B7, 277, 203, 198, 199),
 }
+_NR_IO_URING_SETUP = 425
 _NR_OPENAT2 = 437
 _NR_PIDFD_GETFD = 438
 _X32_BIT = 0x4000_0000
@@ -132,34 +133,53 @@ def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
 def notify_filter(machine: str | None = None) -> bytes:
     """The classic-BPF program: notify on `connect`, refuse AF_UNIX datagram sockets.
 
-    Foreign ABIs and x32 numbers are killed here too, so the program holds
-    even when the main seccomp layer is degraded.
+    Foreign ABIs, x32 numbers and io_uring (whose IORING_OP_CONNECT would
+    skip the notification) are refused here too, so the program holds even
+    when the main seccomp layer is degraded.
     """
     arch, _, nr_connect, nr_socket, nr_socketpair = _ARCH[machine or os.uname().machine]
-    eperm = _RET_ERRNO | errno.EPERM
-    prog = [
-        _insn(_LD_W_ABS, 0, 0, 4),  # 0: arch
-        _insn(_JEQ_K, 1, 0, arch),  # 1
-        _insn(_RET_K, 0, 0, _RET_KILL_PROCESS),  # 2
-        _insn(_LD_W_ABS, 0, 0, 0),  # 3: nr
-        _insn(_JGE_K, 0, 1, _X32_BIT),  # 4
-        _insn(_RET_K, 0, 0, _RET_KILL_PROCESS),  # 5
-        _insn(_JEQ_K, 3, 0, nr_connect),  # 6 -> 10
-        _insn(_JEQ_K, 3, 0, nr_socket),  # 7 -> 11
-        _insn(_JEQ_K, 2, 0, nr_socketpair),  # 8 -> 11
-        _insn(_RET_K, 0, 0, _RET_ALLOW),  # 9
-        _insn(_RET_K, 0, 0, _RET_USER_NOTIF),  # 10
+    # (label, opcode, jump-if-true label, jump-if-false label, k); "" = next.
+    asm: list[tuple[str, int, str, str, int]] = [
+        ("", _LD_W_ABS, "", "", 4),  # arch
+        ("", _JEQ_K, "", "kill", arch),
+        ("", _LD_W_ABS, "", "", 0),  # nr
+        ("", _JGE_K, "kill", "", _X32_BIT),
+        ("", _JEQ_K, "notify", "", nr_connect),
+        ("", _JEQ_K, "sock", "", nr_socket),
+        ("", _JEQ_K, "sock", "", nr_socketpair),
+        ("", _JEQ_K, "eperm", "", _NR_IO_URING_SETUP),
+        ("", _JEQ_K, "eperm", "", _NR_IO_URING_SETUP + 1),  # io_uring_enter
+        ("", _JEQ_K, "eperm", "allow", _NR_IO_URING_SETUP + 2),  # io_uring_register
         # The kernel reads `domain` and `type` as int: only the low words count.
-        _insn(_LD_W_ABS, 0, 0, 16),  # 11: low word of args[0] (domain)
-        _insn(_JEQ_K, 0, 4, socket.AF_UNIX),  # 12: not AF_UNIX -> 17
-        _insn(_LD_W_ABS, 0, 0, 24),  # 13: low word of args[1] (type)
-        _insn(_ALU_AND_K, 0, 0, 0xF),  # 14: SOCK_TYPE_MASK
-        _insn(_JEQ_K, 2, 0, socket.SOCK_DGRAM),  # 15 -> 18
-        _insn(_JEQ_K, 1, 0, socket.SOCK_RAW),  # 16 -> 18
-        _insn(_RET_K, 0, 0, _RET_ALLOW),  # 17
-        _insn(_RET_K, 0, 0, eperm),  # 18
+        ("sock", _LD_W_ABS, "", "", 16),  # low word of args[0]: domain
+        ("", _JEQ_K, "", "allow", socket.AF_UNIX),
+        ("", _LD_W_ABS, "", "", 24),  # low word of args[1]: type
+        ("", _ALU_AND_K, "", "", 0xF),  # SOCK_TYPE_MASK
+        ("", _JEQ_K, "eperm", "", socket.SOCK_DGRAM),
+        ("", _JEQ_K, "eperm", "allow", socket.SOCK_RAW),
+        ("allow", _RET_K, "", "", _RET_ALLOW),
+        ("notify", _RET_K, "", "", _RET_USER_NOTIF),
+        ("kill", _RET_K, "", "", _RET_KILL_PROCESS),
+        ("eperm", _RET_K, "", "", _RET_ERRNO | errno.EPERM),
     ]
+    labels = {label: pc for pc, (label, *_) in enumerate(asm) if label}
+    prog = []
+    for pc, (_, code, jt, jf, k) in enumerate(asm):
+        if code in (_JEQ_K, _JGE_K):
+            # Classic BPF jumps forward only, relative to the next instruction.
+            prog.append(_insn(code, _rel(labels, pc, jt), _rel(labels, pc, jf), k))
+        else:
+            prog.append(_insn(code, 0, 0, k))
     return b"".join(prog)
+
+
+def _rel(labels: dict[str, int], pc: int, label: str) -> int:
+    if not label:
+        return 0
+    off = labels[label] - pc - 1
+    if not 0 <= off <= 255:
+        raise ValueError(f"jump to {label} from {pc} is not a short forward jump")
+    return off
 
 
 def _check(ret: int, what: str) -> int:

@@ -98,5 +98,11 @@ def test_foreign_abis_are_killed(nrs: tuple[int, int, int]) -> None:
         assert _run(0x4000_0000 | nrs[0]) == seccomp.RET_KILL_PROCESS
 
 
+@pytest.mark.parametrize("nr", [425, 426, 427])
+def test_io_uring_is_refused(nrs: tuple[int, int, int], nr: int) -> None:
+    # IORING_OP_CONNECT would connect without a connect() syscall to notify.
+    assert seccomp.ret_errno(_run(nr)) == errno.EPERM
+
+
 def test_unrelated_syscalls_pass(nrs: tuple[int, int, int]) -> None:
     assert _run(0) == seccomp.RET_ALLOW
