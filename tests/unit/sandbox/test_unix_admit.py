@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import errno
 import os
+import struct
 
 import pytest
 
 from corral.sandbox import seccomp
 from corral.sandbox.unix_admit import UnixGrant, UnixTarget, admit
-from corral.sandbox.unix_supervisor import notify_filter
+from corral.sandbox.unix_supervisor import _diag_inodes, notify_filter
 
 _SOCK = UnixTarget("/ws/app.sock", dev=42, ino=7, is_socket=True)
 _GRANT = UnixGrant("/ws/app.sock", dev=42, ino=7)
@@ -106,3 +107,61 @@ def test_io_uring_is_refused(nrs: tuple[int, int, int], nr: int) -> None:
 
 def test_unrelated_syscalls_pass(nrs: tuple[int, int, int]) -> None:
     assert _run(0) == seccomp.RET_ALLOW
+
+
+# -- the UNIX_DIAG reply parser ---------------------------------------------------
+
+
+class _FakeNetlink:
+    """Replays canned netlink datagrams; records what was sent."""
+
+    def __init__(self, *replies: bytes) -> None:
+        self.replies = list(replies)
+        self.sent: list[bytes] = []
+
+    def sendto(self, data: bytes, _addr: tuple[int, int]) -> int:
+        self.sent.append(data)
+        return len(data)
+
+    def recv(self, _n: int) -> bytes:
+        return self.replies.pop(0) if self.replies else b""
+
+
+def _nlmsg(kind: int, payload: bytes) -> bytes:
+    body = struct.pack("<IHHII", 16 + len(payload), kind, 2, 1, 0) + payload
+    return body + b"\0" * (-len(body) % 4)
+
+
+def _unix_msg(vfs: tuple[int, int] | None) -> bytes:
+    head = struct.pack("<BBBBIII", 1, 1, 10, 0, 1234, 0, 0)
+    if vfs is None:
+        return head
+    return head + struct.pack("<HHII", 12, 1, vfs[1], vfs[0])  # UNIX_DIAG_VFS: ino, dev
+
+
+def test_diag_parser_collects_bound_inodes_with_user_dev_numbers() -> None:
+    kdev = (8 << 20) | 3  # the kernel's dev_t for 8:3
+    sock = _FakeNetlink(
+        _nlmsg(20, _unix_msg((kdev, 77))) + _nlmsg(20, _unix_msg(None)),
+        _nlmsg(3, b"\0\0\0\0"),
+    )
+    assert _diag_inodes(sock) == {(os.makedev(8, 3), 77)}  # type: ignore[arg-type]
+    assert len(sock.sent) == 1
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"\x08\0\0\0\x14\0\0\0\0\0\0\0\0\0\0\0",  # length below a header
+        b"\xff\0\0\0\x14\0\0\0\0\0\0\0\0\0\0\0",  # length past the datagram
+        b"",  # the dump ended without NLMSG_DONE
+    ],
+)
+def test_diag_parser_refuses_malformed_replies(reply: bytes) -> None:
+    with pytest.raises(OSError):
+        _diag_inodes(_FakeNetlink(reply))  # type: ignore[arg-type]
+
+
+def test_diag_parser_raises_on_netlink_error() -> None:
+    with pytest.raises(OSError):
+        _diag_inodes(_FakeNetlink(_nlmsg(2, struct.pack("<i", -errno.EPERM))))  # type: ignore[arg-type]
