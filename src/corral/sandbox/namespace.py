@@ -408,8 +408,9 @@ class NamespaceSandbox:
             if layers.active.get("unix") is True:
                 from corral.sandbox import unix_supervisor
 
-                grants = unix_supervisor.grants_for(spec.allow_unix)
-                unix = unix_supervisor.ChildInstaller(unix_supervisor.notify_filter())
+                unix = unix_supervisor.ChildInstaller(
+                    unix_supervisor.notify_filter(), spec.allow_unix
+                )
 
             def child_setup() -> None:
                 try:
@@ -465,7 +466,7 @@ class NamespaceSandbox:
             supervisor = None
             if unix is not None:
                 try:
-                    supervisor = unix.start_supervisor(grants, self._unix_observer)
+                    supervisor = unix.start_supervisor(self._unix_observer)
                 except BaseException:
                     proc.kill()
                     proc.wait()

@@ -230,7 +230,8 @@ class ChildInstaller:
     no allocation beyond what CPython does for a method call.
     """
 
-    def __init__(self, program: bytes) -> None:
+    def __init__(self, program: bytes, allow_unix: tuple[str, ...] = ()) -> None:
+        self._grants, self._pins = grants_for(allow_unix)
         self._buf = ctypes.create_string_buffer(program, len(program))
         self._prog = _SockFprog(len(program) // 8, ctypes.addressof(self._buf))
         self._nr = _ARCH[os.uname().machine][1]
@@ -260,21 +261,23 @@ class ChildInstaller:
             self._child.close()
 
     def start_supervisor(
-        self,
-        grants: tuple[UnixGrant, ...],
-        observer: Callable[[UnixConnectEvent], None] | None,
+        self, observer: Callable[[UnixConnectEvent], None] | None
     ) -> UnixSupervisor:
         """In the parent, after the spawn: receive the listener and start answering."""
         # Our copy of the child's end goes first, so a child that died before
         # sending shows up as EOF rather than as a timeout.
         self._child.close()
-        sup = UnixSupervisor(recv_listener(self.parent), grants, observer)
+        sup = UnixSupervisor(recv_listener(self.parent), self._grants, observer, self._pins)
+        self._pins = ()
         sup.start()
         return sup
 
     def close(self) -> None:
         self._child.close()
         self.parent.close()
+        for fd in self._pins:
+            os.close(fd)
+        self._pins = ()
 
 
 def recv_listener(sock: socket.socket, timeout_s: float = 10.0) -> int:
@@ -288,20 +291,33 @@ def recv_listener(sock: socket.socket, timeout_s: float = 10.0) -> int:
     return fds[0]
 
 
-def grants_for(paths: tuple[str, ...]) -> tuple[UnixGrant, ...]:
-    """`--allow-unix` paths as inodes, taken now (raises SandboxStartError)."""
+def grants_for(paths: tuple[str, ...]) -> tuple[tuple[UnixGrant, ...], tuple[int, ...]]:
+    """`--allow-unix` paths as inodes taken now, and O_PATH descriptors pinning them.
+
+    While a pin is open the inode cannot be freed, so its number cannot be
+    reused by another socket on the same filesystem: a grant admits exactly
+    the socket that existed at start. Raises SandboxStartError.
+    """
     from corral.sandbox.unix_admit import UnixGrant
 
-    out = []
-    for path in paths:
-        try:
-            st = os.stat(path)
-        except OSError as exc:
-            raise SandboxStartError(exc.errno, f"--allow-unix {path}: {exc.strerror}") from exc
-        if not stat.S_ISSOCK(st.st_mode):
-            raise SandboxStartError(errno.ENOTSOCK, f"--allow-unix {path}: not a socket")
-        out.append(UnixGrant(path, st.st_dev, st.st_ino))
-    return tuple(out)
+    out: list[UnixGrant] = []
+    pins: list[int] = []
+    try:
+        for path in paths:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError as exc:
+                raise SandboxStartError(exc.errno, f"--allow-unix {path}: {exc.strerror}") from exc
+            pins.append(fd)
+            st = os.fstat(fd)
+            if not stat.S_ISSOCK(st.st_mode):
+                raise SandboxStartError(errno.ENOTSOCK, f"--allow-unix {path}: not a socket")
+            out.append(UnixGrant(path, st.st_dev, st.st_ino))
+    except BaseException:
+        for fd in pins:
+            os.close(fd)
+        raise
+    return tuple(out), tuple(pins)
 
 
 class _Notif(ctypes.Structure):
@@ -514,8 +530,11 @@ class UnixSupervisor:
         listener: int,
         grants: tuple[UnixGrant, ...] = (),
         observer: Callable[[UnixConnectEvent], None] | None = None,
+        pins: tuple[int, ...] = (),
     ) -> None:
+        """Takes ownership of `listener` and of the grants' `pins`."""
         self._listener = listener
+        self._pins = pins
         self._nr_connect = _ARCH[os.uname().machine][2]
         self._grants = grants
         self._observer = observer
@@ -551,10 +570,11 @@ class UnixSupervisor:
             for s in self._diag.values():
                 s.close()
             self._diag.clear()
-        for fd in (self._wake_r, self._wake_w):
+        for fd in (self._wake_r, self._wake_w, *self._pins):
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._wake_r = self._wake_w = -1
+        self._pins = ()
 
     def _close_listener(self) -> None:
         with self._lock:

@@ -500,3 +500,47 @@ def test_sandbox_cannot_install_its_own_listener_to_pass_connects(
     assert "connect EACCES" in out.stdout
     time.sleep(0.2)
     assert host.hits == 0
+
+
+def test_grant_is_pinned_to_the_inode_seen_at_start(workspace: Path) -> None:
+    path = workspace / "svc.sock"
+    first = HostListener(path)
+    go, ready = workspace / "go", workspace / "ready"
+    code = (
+        "import errno, os, socket, time\n"
+        "def tr():\n"
+        "    s = socket.socket(socket.AF_UNIX)\n"
+        "    try:\n"
+        f"        s.connect({str(path)!r}); return 'ok'\n"
+        "    except OSError as e:\n"
+        "        return errno.errorcode[e.errno]\n"
+        "before = tr()\n"
+        f"open({str(ready)!r}, 'w').close()\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
+        "open('result', 'w').write(before + ' ' + tr())\n"
+    )
+    spec = SandboxSpec(
+        argv=("python3", "-c", code),
+        workspace=str(workspace),
+        env=(("PATH", "/usr/bin:/bin"),),
+        allow_unix=(str(path),),
+    )
+    running = NamespaceSandbox(spec).start()
+    second: HostListener | None = None
+    try:
+        assert wait_for(ready.exists, 30)
+        # The service restarts: same path, new inode.
+        first.close()
+        path.unlink()
+        second = HostListener(path)
+        go.write_text("")
+        result = running.wait(60)
+    finally:
+        running.close()
+        first.close()
+        if second is not None:
+            second.close()
+    assert result.exit == 0
+    assert (workspace / "result").read_text() == "ok EACCES"
+    assert first.hits == 1
+    assert second is not None and second.hits == 0
