@@ -782,6 +782,11 @@ class UnixSupervisor:
             os.close(dirfd)
 
     def _inside(self, sock: int, target: UnixTarget) -> bool:
+        if target.ino > 0xFFFFFFFF:
+            # UNIX_DIAG reports 32 bits of the inode number: above that a
+            # sandbox socket could alias a host one, so such inodes never count
+            # as the sandbox's own (fail closed).
+            return False
         netns = _check(_ioctl(sock, _SIOCGSKNS, 0), "SIOCGSKNS")
         try:
             st = os.fstat(netns)
@@ -801,7 +806,7 @@ class UnixSupervisor:
                     raise
         finally:
             os.close(netns)
-        return (target.dev, target.ino & 0xFFFFFFFF) in bound
+        return (target.dev, target.ino) in bound
 
     def _report(self, pid: int, path: str, decision: Admission) -> None:
         from corral.sandbox.unix_admit import UnixConnectEvent
