@@ -735,7 +735,8 @@ class UnixSupervisor:
     def _connect_path(self, notif: _Notif, sock: int, path: bytes) -> int:
         from corral.sandbox.unix_admit import Admission, UnixTarget, admit
 
-        text = os.fsdecode(path)
+        # For the journal only: invalid UTF-8 would not survive its encoder.
+        text = path.decode("utf-8", "backslashreplace")
         try:
             pinned = self._resolve(notif.pid, path)
         except _Denied as d:

@@ -544,3 +544,27 @@ def test_grant_is_pinned_to_the_inode_seen_at_start(workspace: Path) -> None:
     assert (workspace / "result").read_text() == "ok EACCES"
     assert first.hits == 1
     assert second is not None and second.hits == 0
+
+
+def test_own_socket_with_a_hostile_name_works_and_is_journaled(
+    corral_exec: ExecFn, workspace: Path, tmp_path: Path
+) -> None:
+    journal = tmp_path / "j.sqlite"
+    code = (
+        "import errno, os, socket\n"
+        f"p = os.fsencode({str(workspace)!r}) + b'/\\xff\\x1b[31mx.sock'\n"
+        "l = socket.socket(socket.AF_UNIX); l.bind(p); l.listen(1)\n"
+        "c = socket.socket(socket.AF_UNIX)\n"
+        "try:\n"
+        "    c.connect(p); print('ok')\n"
+        "except OSError as e:\n"
+        "    print(errno.errorcode[e.errno])\n"
+    )
+    out = corral_exec("python3", "-c", code, opts=("--journal", str(journal)))
+    assert out.stdout.strip() == "ok", out.stderr
+    rows = list(
+        sqlite3.connect(journal).execute(
+            "SELECT target, decision, rule FROM observations WHERE kind = 'unix_connect'"
+        )
+    )
+    assert rows == [(f"unix:{workspace}/\\xff\x1b[31mx.sock", "allow", "inside")]
