@@ -10,7 +10,9 @@ Start-up, in order (each step fails closed):
 3. fork; in the child (before exec): join the cgroup, and when corral is root
    enter a private mount namespace, stage idmapped clones of the workspace and
    the --ro/--rw paths, drop to the unprivileged sandbox uid (as root, bwrap
-   would keep its capabilities), set PDEATHSIG; then exec bwrap with the
+   would keep its capabilities), set PDEATHSIG, install the connect()
+   notification filter and send its listener to corral, whose
+   `unix_supervisor` thread answers it (M3); then exec bwrap with the
    seccomp filter as `--seccomp FD`;
 4. bwrap builds the namespaces and mounts and runs the init (init.py), which
    applies Landlock and runs the command.
