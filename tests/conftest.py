@@ -69,8 +69,14 @@ def _curl() -> str | None:
     return None if shutil.which("curl") else "curl not installed"
 
 
+@functools.cache
+def _unix() -> str | None:
+    r = probe.probe_unix()
+    return None if r.available else r.reason
+
+
 def _sandbox() -> str | None:
-    return _root() or _bwrap() or _userns() or _cgroup() or _seccomp() or _landlock()
+    return _root() or _bwrap() or _userns() or _cgroup() or _seccomp() or _landlock() or _unix()
 
 
 PROBES: dict[str, tuple[str, Callable[[], str | None]]] = {

@@ -36,12 +36,19 @@ __all__ = [
     "ObservationDecision",
     "ProcessEvent",
     "ProviderCall",
+    "UnixConnect",
     "action_target",
 ]
 
 Env: TypeAlias = Literal["exec", "agent", "product", "verifier"]
 ActionKind: TypeAlias = Literal[
-    "net_connect", "http_request", "provider_call", "mcp_call", "file_op", "process_event"
+    "net_connect",
+    "http_request",
+    "provider_call",
+    "mcp_call",
+    "file_op",
+    "process_event",
+    "unix_connect",
 ]
 KINDS: tuple[ActionKind, ...] = (
     "net_connect",
@@ -50,6 +57,7 @@ KINDS: tuple[ActionKind, ...] = (
     "mcp_call",
     "file_op",
     "process_event",
+    "unix_connect",
 )
 ObservationDecision: TypeAlias = Literal["allow", "deny", "observe"]
 
@@ -138,8 +146,21 @@ class ProcessEvent(BaseModel):
     name: str = ""
 
 
+class UnixConnect(BaseModel):
+    """A sandbox's connect() to a pathname unix socket, as the supervisor decided it.
+
+    `path` is the address exactly as the sandbox wrote it (at most 108 bytes).
+    """
+
+    model_config = _FROZEN
+
+    kind: Literal["unix_connect"] = "unix_connect"
+    path: str = Field(min_length=1, max_length=256)
+    pid: int | None = None
+
+
 Action: TypeAlias = Annotated[
-    NetConnect | HttpRequest | ProviderCall | McpCall | FileOp | ProcessEvent,
+    NetConnect | HttpRequest | ProviderCall | McpCall | FileOp | ProcessEvent | UnixConnect,
     Field(discriminator="kind"),
 ]
 
@@ -162,6 +183,8 @@ def action_target(action: Action) -> str:
         case ProcessEvent():
             suffix = f" pid={action.pid}" if action.pid is not None else ""
             return f"{action.event}{suffix}{' ' + action.name if action.name else ''}"
+        case UnixConnect():
+            return f"unix:{action.path}"
 
 
 class Identity(BaseModel):

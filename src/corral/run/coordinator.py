@@ -65,11 +65,16 @@ from corral.run.store import CheckResult, RunLock, SessionRecord, Store
 from corral.sandbox.namespace import ExecResult, NamespaceSandbox, RunningSandbox
 from corral.sandbox.reaper import become_subreaper
 from corral.sandbox.setid import strip_setid
+from corral.sandbox.unix_journal import unix_observer
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from corral.broker.journal import Journal
     from corral.provider.server import ProviderThread
     from corral.sandbox.egress import EgressBroker
+    from corral.sandbox.spec import SandboxSpec
+    from corral.sandbox.unix_admit import UnixConnectEvent
 
 __all__ = [
     "Coordinator",
@@ -233,6 +238,11 @@ class Coordinator:
             detail=detail or {},
         )
         self._journal.append(obs)
+
+    def _unix_observer(self, spec: SandboxSpec) -> Callable[[UnixConnectEvent], None] | None:
+        if self._journal is None:
+            return None
+        return unix_observer(self._journal, spec=spec, run=self.run_id)
 
     def _on_forward(self, target: str) -> None:
         # Runs on the relay thread; an exception refuses the connection.
@@ -548,6 +558,7 @@ class Coordinator:
                 cgroup_parent=self._cg.relpath,
                 network_hook=egress.attach,
                 stdio=(devnull, out.writer, err.writer),
+                unix_observer=self._unix_observer(spec),
             )
             return self._agent_session(
                 store, n, sandbox=sandbox, egress=egress, wall=wall, captures=(out, err)
@@ -734,7 +745,10 @@ class Coordinator:
         holder: list[NetNs] = []
         spec = product_spec(self.layout, self.mission, n)
         sandbox = NamespaceSandbox(
-            spec, cgroup_parent=self._cg.relpath, network_hook=lambda pid: holder.append(NetNs(pid))
+            spec,
+            cgroup_parent=self._cg.relpath,
+            network_hook=lambda pid: holder.append(NetNs(pid)),
+            unix_observer=self._unix_observer(spec),
         )
         try:
             running = sandbox.start()
@@ -786,6 +800,7 @@ class Coordinator:
             spec,
             cgroup_parent=self._cg.relpath,
             network_hook=hook if product_ns is not None else None,
+            unix_observer=self._unix_observer(spec),
         )
         started = time.monotonic()
         try:

@@ -15,6 +15,7 @@ import json
 import os
 import shlex
 import signal
+import stat
 import sys
 from collections.abc import Sequence
 
@@ -74,6 +75,13 @@ def _parser() -> _Parser:
     )
     p.add_argument("--ro", action="append", default=[], metavar="PATH", help="extra read-only path")
     p.add_argument("--rw", action="append", default=[], metavar="PATH", help="extra writable path")
+    p.add_argument(
+        "--allow-unix",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="host unix socket the sandbox may connect to (in the workspace or a --ro/--rw path)",
+    )
     p.add_argument("--backend", default="namespace", choices=["namespace", "microvm"])
     p.add_argument("--journal", default=None, metavar="FILE", help="journal SQLite file")
     p.add_argument(
@@ -172,6 +180,20 @@ def validate_path(raw: str, what: str, *, writable: bool, home: str) -> str:
     return path
 
 
+def validate_unix_grant(raw: str, trees: Sequence[str]) -> str:
+    """An `--allow-unix` path: an existing socket the sandbox can see (inside a bound tree)."""
+    path = os.path.realpath(raw)
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise UsageError(f"--allow-unix {raw}: {exc.strerror}") from None
+    if not stat.S_ISSOCK(st.st_mode):
+        raise UsageError(f"--allow-unix {raw} is not a unix socket")
+    if not any(_within(path, t) for t in trees):
+        raise UsageError(f"--allow-unix {raw} is not inside the workspace or a --ro/--rw path")
+    return path
+
+
 def sandbox_env(
     home: str, caller: dict[str, str], extra: dict[str, str] | None = None
 ) -> dict[str, str]:
@@ -238,6 +260,9 @@ def build_spec(ns: argparse.Namespace, cmd: list[str], caller_env: dict[str, str
         session_id=ns.session_id,
         protect=True,
         unprotect=validate_unprotect(ns.unprotect),
+        allow_unix=tuple(
+            validate_unix_grant(p, [workspace, *(b.path for b in binds)]) for p in ns.allow_unix
+        ),
     )
 
 

@@ -8,6 +8,7 @@ import sys
 
 from corral.sandbox.namespace import ExecResult, NamespaceSandbox, RunningSandbox, preview_argv
 from corral.sandbox.spec import SandboxSpec
+from corral.sandbox.unix_journal import unix_observer
 
 # Not `typing.TYPE_CHECKING`: importing typing costs ~5 ms on every `corral exec`.
 TYPE_CHECKING = False
@@ -254,6 +255,7 @@ def execute(
             spec,
             network_hook=egress.attach if egress else None,
             stdio=relay.stdio if relay is not None else None,
+            unix_observer=unix_observer(jw, spec=spec, run=run) if jw is not None else None,
         )
         running: RunningSandbox | None = None
         try:

@@ -11,8 +11,10 @@ Start-up, in order (each step fails closed):
    enter a private mount namespace, stage idmapped clones of the workspace and
    the --ro/--rw paths, drop to the sandbox's own unprivileged host uid
    (`uids.allocate`; as root, bwrap would keep its capabilities), set
-   PDEATHSIG; then exec bwrap with the seccomp filter as `--seccomp FD`
-   and stdio that holds no terminal (`terminal`);
+   PDEATHSIG, install the connect() notification filter and send its
+   listener to corral, whose `unix_supervisor` thread answers it (M3); then
+   exec bwrap with the seccomp filter as `--seccomp FD` and stdio that holds
+   no terminal (`terminal`);
 4. bwrap builds the namespaces and mounts and runs the init (init.c, or
    init.py), which applies Landlock and runs the command in a nested domain.
 
@@ -51,6 +53,9 @@ if TYPE_CHECKING:
 
     from corral.sandbox.protect import Placeholders
     from corral.sandbox.uids import UidLease
+    from corral.sandbox.unix_admit import UnixConnectEvent
+    from corral.sandbox.unix_supervisor import ChildInstaller as UnixChildInstaller
+    from corral.sandbox.unix_supervisor import UnixSupervisor
 
 __all__ = [
     "INSIDE_UID",
@@ -222,6 +227,7 @@ class NamespaceSandbox:
         network_hook: Callable[[int], None] | None = None,
         init_kind: Literal["auto", "c", "python"] = "auto",
         stdio: tuple[int | None, int | None, int | None] | None = None,
+        unix_observer: Callable[[UnixConnectEvent], None] | None = None,
     ) -> None:
         """`stdio`: descriptors for the sandbox's stdin, stdout, stderr (default: corral's own)."""
         self.spec = spec
@@ -232,6 +238,7 @@ class NamespaceSandbox:
         self.cgroup_parent = cgroup_parent
         self._layout = cgroup_layout
         self._network_hook = network_hook
+        self._unix_observer = unix_observer
         self.is_root = os.geteuid() == 0
 
     # -- layer checks (cheap: file reads and one syscall, no subprocess) --
@@ -301,6 +308,12 @@ class NamespaceSandbox:
             layers.active["landlock"] = abi
         self._abi = abi
 
+        from corral.sandbox import unix_supervisor
+
+        ux_reason = unix_supervisor.unavailable_reason()
+        if layers.need(spec, "unix", ux_reason, "Linux >= 5.9 with seccomp user notification"):
+            layers.active["unix"] = True
+
         use_idmap = self.is_root
         if use_idmap:
             layers.active["idmap"] = True
@@ -336,6 +349,7 @@ class NamespaceSandbox:
         fds_to_close: list[int] = []
         host_fds: list[int] = []
         placeholders: Placeholders | None = None
+        unix: UnixChildInstaller | None = None
         try:
             if layout is not None:
                 with contextlib.suppress(CgroupError, OSError):
@@ -435,6 +449,12 @@ class NamespaceSandbox:
             argv = bw.build_argv(plan)
             parent = os.getpid()
             is_root = self.is_root
+            if layers.active.get("unix") is True:
+                from corral.sandbox import unix_supervisor
+
+                unix = unix_supervisor.ChildInstaller(
+                    unix_supervisor.notify_filter(), spec.allow_unix
+                )
 
             def child_setup() -> None:
                 try:
@@ -451,6 +471,8 @@ class NamespaceSandbox:
                     set_pdeathsig(signal.SIGKILL)
                     if os.getppid() != parent:
                         os._exit(125)
+                    if unix is not None:
+                        unix.install()
                 except BaseException as exc:
                     with contextlib.suppress(OSError):
                         os.write(err_w, str(exc).encode()[:4000])
@@ -491,6 +513,16 @@ class NamespaceSandbox:
                 with contextlib.suppress(OSError):
                     os.close(fd)
             fds_to_close = []
+            supervisor = None
+            if unix is not None:
+                try:
+                    supervisor = unix.start_supervisor(self._unix_observer)
+                except BaseException:
+                    proc.kill()
+                    proc.wait()
+                    raise
+                finally:
+                    unix.close()
             running = RunningSandbox(
                 proc=proc,
                 cgroup=cgroup,
@@ -503,6 +535,7 @@ class NamespaceSandbox:
                 bwrap_status_fd=bwrap_status_r,
                 placeholders=placeholders,
             )
+            running.unix_supervisor = supervisor
             lease = None
             host_fds = []
             placeholders = None
@@ -524,6 +557,8 @@ class NamespaceSandbox:
             for fd in fds_to_close + host_fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+            if unix is not None:
+                unix.close()
             if cgroup is not None:
                 with contextlib.suppress(CgroupError):
                     cgroup.remove()
@@ -713,6 +748,7 @@ class RunningSandbox:
         self.bwrap_status: dict[str, int] = {}
         self._closed = False
         self._leftovers: int | None = None
+        self.unix_supervisor: UnixSupervisor | None = None
         os.set_blocking(status_fd, False)
         if bwrap_status_fd >= 0:
             os.set_blocking(bwrap_status_fd, False)
@@ -908,6 +944,8 @@ class RunningSandbox:
                 self.cgroup.remove()
                 emptied = True
         finally:
+            if self.unix_supervisor is not None:
+                self.unix_supervisor.close()
             for fd in (self._status_fd, self._bwrap_fd):
                 if fd >= 0:
                     with contextlib.suppress(OSError):

@@ -30,6 +30,7 @@ __all__ = [
     "probe_pidns",
     "probe_qemu",
     "probe_seccomp",
+    "probe_unix",
     "probe_userns",
 ]
 
@@ -278,6 +279,17 @@ def probe_seccomp() -> LayerStatus:
 
 
 @functools.cache
+def probe_unix() -> LayerStatus:
+    """The connect() supervisor that keeps host unix sockets out of reach (M3)."""
+    from corral.sandbox.unix_supervisor import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        return LayerStatus("unix", False, reason, "Linux >= 5.9 with seccomp user notification")
+    return LayerStatus("unix", True, "seccomp user notification, pidfd_getfd, openat2")
+
+
+@functools.cache
 def probe_kvm() -> LayerStatus:
     try:
         fd = os.open("/dev/kvm", os.O_RDWR | os.O_CLOEXEC)
@@ -408,6 +420,7 @@ def all_layers() -> list[LayerStatus]:
         probe_cgroup(),
         probe_seccomp(),
         probe_landlock(),
+        probe_unix(),
         probe_init_python(),
         probe_kvm(),
         probe_qemu(),
@@ -417,4 +430,4 @@ def all_layers() -> list[LayerStatus]:
 
 
 #: Layers the default (namespace) profile cannot run without.
-REQUIRED_LAYERS = ("bwrap", "userns", "pidns", "cgroup", "seccomp", "landlock", "init")
+REQUIRED_LAYERS = ("bwrap", "userns", "pidns", "cgroup", "seccomp", "landlock", "unix", "init")

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 #: Protection layers a user may explicitly run without (`--allow-degraded`).
 #: bubblewrap, user namespaces and the init are not among them: without
 #: them there is no sandbox at all.
-LAYERS: tuple[str, ...] = ("cgroup", "seccomp", "landlock")
+LAYERS: tuple[str, ...] = ("cgroup", "seccomp", "landlock", "unix")
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -92,3 +92,5 @@ class SandboxSpec:
     #: except the names in `unprotect`.
     protect: bool = False
     unprotect: frozenset[str] = frozenset()
+    #: `--allow-unix`: host unix sockets (inside a mounted tree) the sandbox may connect to.
+    allow_unix: tuple[str, ...] = ()

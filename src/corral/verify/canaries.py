@@ -374,6 +374,10 @@ def _start_unix(
         "unix_run": f"/run/corral-verify-{tok}.sock",
         "unix_agent": f"{cs.root}/agent/agent.sock",
         "unix_abstract": f"\0corral-verify-{tok}",
+        # Inside trees a sandbox has mounted: the workspace, --ro, --rw.
+        "unix_ws": f"{cs.root}/unix-ws/app.sock",
+        "unix_ro": f"{cs.root}/unix-ro/app.sock",
+        "unix_rw": f"{cs.root}/unix-rw/app.sock",
     }
     for name, path in targets.items():
         try:
@@ -388,6 +392,9 @@ def _start_unix(
             planter.created.append((path, False))
         cs.ctx[name] = path.lstrip("\0")
         _serve(stack, srv)
+    for name in ("unix_ws", "unix_ro", "unix_rw"):
+        if name in cs.ctx:
+            cs.ctx[f"{name}_dir"] = os.path.dirname(cs.ctx[name])
     if "unix_agent" in cs.ctx:
         cs.env["SSH_AUTH_SOCK"] = cs.ctx["unix_agent"]
 

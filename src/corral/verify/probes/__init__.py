@@ -18,6 +18,7 @@ from corral.verify.probes import (
     secrets,
     session_record,
     terminal_and_uids,
+    unix_sockets,
     usability,
 )
 from corral.verify.probes._prelude import PRELUDE
@@ -43,6 +44,7 @@ def all_probes() -> list[Probe]:
         *report_forgery.PROBES,
         *hostile_files.PROBES,
         *session_record.PROBES,
+        *unix_sockets.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:
