@@ -1,0 +1,198 @@
+"""The sandbox backend interface: what callers may use, whatever the isolation.
+
+Callers (`corral exec`, `corral run`, `corral verify`, doctor) depend on these
+Protocols only, never on a backend's classes, processes or host pids:
+
+- a `Backend` checks which protection layers this host offers for a spec,
+  starts a spec, and previews how it would start it (`--dry-run`);
+- a started `Sandbox` is waited for, interrupted, killed, measured, frozen
+  and thawed, then closed; its `layers` say what was active;
+- a `SandboxNet` is the sandbox's own loopback seen from the host: the broker
+  listens there, port forwards connect there. A namespace sandbox implements
+  it with its network namespace, a gVisor sandbox with its netns or a socket,
+  a microVM with a virtio-serial or vsock channel; no caller enters a
+  namespace itself.
+
+Backends are chosen by a tagged, frozen config (`BackendConfig`), whose
+`load()` imports the implementation only when it is used, so `corral exec`
+with the default backend imports nothing it does not run.
+
+The contract every backend keeps is written once, as a suite, in
+`tests/conformance/` (run against each real backend and the fake in
+`tests/fakes/`); `corral verify --backend X` points real attacks at it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    import socket
+    from collections.abc import Callable, Mapping
+
+    from corral.sandbox.cgroup import CgroupUsage
+    from corral.sandbox.namespace import ExecResult
+    from corral.sandbox.spec import SandboxSpec
+
+__all__ = [
+    "Backend",
+    "BackendConfig",
+    "GVisorConfig",
+    "MicroVMConfig",
+    "NamespaceConfig",
+    "Sandbox",
+    "SandboxNet",
+    "backend_config",
+]
+
+# This module is for callers that type against the interface; `corral exec`'s
+# start path does not import it (it costs `typing`).
+
+
+class SandboxNet(Protocol):
+    """The sandbox's own loopback, from the host side."""
+
+    def listen(self, port: int) -> socket.socket:
+        """A socket listening on the sandbox's 127.0.0.1:`port` (the host holds it)."""
+        ...
+
+    def connect(self, port: int) -> socket.socket:
+        """A socket connected to the sandbox's 127.0.0.1:`port`."""
+        ...
+
+
+class Sandbox(Protocol):
+    """A started sandbox. `close()` last, always; it releases everything."""
+
+    @property
+    def layers(self) -> Mapping[str, object]:
+        """The protection layers that are active (read-only)."""
+        ...
+
+    def poll(self) -> int | None:
+        """None while the command runs; afterwards its exit status (not yet torn down)."""
+        ...
+
+    def wait(self, timeout_s: float | None = None) -> ExecResult:
+        """Wait for the command (or the timeout), tear everything down, report."""
+        ...
+
+    def interrupt(self, signum: int) -> ExecResult:
+        """Corral got `signum`: kill everything and report it."""
+        ...
+
+    def kill_all(self) -> None:
+        """SIGKILL every process of the sandbox; idempotent."""
+        ...
+
+    def usage(self) -> CgroupUsage | None:
+        """What the kernel counted so far (None when no counters are available)."""
+        ...
+
+    def freeze(self) -> None:
+        """Stop every process of the sandbox where it is (memory kept)."""
+        ...
+
+    def thaw(self) -> None:
+        """Undo `freeze()`."""
+        ...
+
+    def close(self) -> None:
+        """Kill what is left, remove the sandbox's host resources, release descriptors."""
+        ...
+
+
+class Backend(Protocol):
+    """One kind of isolation."""
+
+    #: "namespace", "gvisor", "microvm", "fake"
+    kind: str
+
+    def check(self, spec: SandboxSpec) -> Mapping[str, str | None]:
+        """Each layer the spec needs -> None when available, else why not."""
+        ...
+
+    def start(
+        self,
+        spec: SandboxSpec,
+        *,
+        parent_cgroup: str | None = None,
+        network: Callable[[SandboxNet], None] | None = None,
+    ) -> Sandbox:
+        """Start `spec`; `network` is called once the sandbox's loopback exists and
+        before the command runs (the broker attaches there). Raises
+        LayerUnavailableError or SandboxStartError; never starts with less than
+        the spec asks unless the spec names the degradation."""
+        ...
+
+    def preview(self, spec: SandboxSpec) -> list[str]:
+        """The command line(s) `start` would run, for `--dry-run`."""
+        ...
+
+
+# --- choosing a backend -------------------------------------------------------
+# A tagged union of frozen configs; `load()` imports the implementation only
+# when it is used. Constructors of backends take their config object.
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceConfig:
+    """bubblewrap + cgroups + seccomp + Landlock + the compiled init (the default)."""
+
+    kind: Literal["namespace"] = "namespace"
+
+    def load(self) -> Backend:
+        from corral.sandbox.namespace import NamespaceBackend
+
+        return NamespaceBackend(self)
+
+
+@dataclass(frozen=True, slots=True)
+class GVisorConfig:
+    """runsc (gVisor): a user-space kernel between the sandbox and the host."""
+
+    kind: Literal["gvisor"] = "gvisor"
+    #: the runsc binary; None: found on PATH
+    runsc: str | None = None
+    #: ptrace, systrap or kvm; None: the best one `check()` finds on this host
+    platform: str | None = None
+
+    def load(self) -> Backend:
+        from corral.sandbox.gvisor import GVisorBackend
+
+        return GVisorBackend(self)
+
+
+@dataclass(frozen=True, slots=True)
+class MicroVMConfig:
+    """QEMU `-M microvm` with a Debian kernel and a minimal root filesystem."""
+
+    kind: Literal["microvm"] = "microvm"
+    #: the qemu-system-x86_64 binary; None: found on PATH
+    qemu: str | None = None
+    #: "auto": hardware KVM where the CPU has vmx/svm, else TCG (needs `--allow-degraded kvm`)
+    accel: Literal["auto", "kvm", "tcg"] = "auto"
+
+    def load(self) -> Backend:
+        from corral.sandbox.microvm import MicroVMBackend
+
+        return MicroVMBackend(self)
+
+
+BackendConfig = NamespaceConfig | GVisorConfig | MicroVMConfig
+
+BACKEND_KINDS: tuple[str, ...] = ("namespace", "gvisor", "microvm")
+
+
+def backend_config(kind: str) -> BackendConfig:
+    """The default config of the backend named `kind`; ConfigError for any other name."""
+    from corral.errors import ConfigError
+
+    if kind == "namespace":
+        return NamespaceConfig()
+    if kind == "gvisor":
+        return GVisorConfig()
+    if kind == "microvm":
+        return MicroVMConfig()
+    raise ConfigError(f"unknown backend {kind!r}; one of {', '.join(BACKEND_KINDS)}")
