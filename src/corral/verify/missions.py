@@ -75,6 +75,17 @@ def render_mission(probe_id: str, spec: MissionSpec, ctx: Mapping[str, Any]) -> 
     return head + _fill(spec.front, ctx).strip() + "\n" + _BODY.format(probe_id=probe_id)
 
 
+def _report_turn(spec: MissionSpec, ctx: Mapping[str, Any], marker: str) -> dict[str, Any]:
+    turn: dict[str, Any] = {"label": "report", "say": _fill(spec.say, ctx)}
+    if spec.agent_error is not None:
+        # The script agent repeats a provider error's body in its own error
+        # result, so this text leaves the agent sandbox on the agent's stdout,
+        # the channel a hostile agent CLI writes its end reason to.
+        body = spec.agent_error.replace("{marker}", marker)
+        turn["fault"] = {"status": 500, "body": body}
+    return turn
+
+
 def render_scenario(spec: MissionSpec, ctx: Mapping[str, Any], *, program: str, marker: str) -> str:
     """scenario.yaml (as JSON, which YAML reads): session 1 writes the files and the
     program, runs the program with its output in `PROBE_OUT`, then says `say`; session 2
@@ -91,7 +102,7 @@ def render_scenario(spec: MissionSpec, ctx: Mapping[str, Any], *, program: str, 
             "turns": [
                 {"label": "write", "calls": writes},
                 {"label": "probe", "calls": [{"shell": run}]},
-                {"label": "report", "say": _fill(spec.say, ctx)},
+                _report_turn(spec, ctx, marker),
             ],
         }
     ]

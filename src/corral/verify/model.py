@@ -332,6 +332,9 @@ class MissionSpec:
     host_views: bool = False
     token_budget: int | None = None
     """The mission's run-wide `token_budget` (none by default)."""
+    agent_error: str | None = None
+    """Session 1's agent ends with this error text as its result (its last provider
+    reply fails with this body; `{marker}` is the probe's marker)."""
 
 
 @dataclass(frozen=True, slots=True)

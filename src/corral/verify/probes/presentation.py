@@ -24,41 +24,26 @@ __all__ = ["PROBES"]
 _DEADLINE_S = 60.0
 
 #: Session 1's agent asks the broker for targets carrying rich markup (each is
-#: denied and journaled), then appends a forged `result` line to the script
-#: agent's own stdout and kills it: the forged error text (markup, HTML,
-#: Markdown links and images, OSC 8, ED, CR, a bidi override) becomes the
-#: session's end reason in state.sqlite, report.md and the progress lines.
+#: denied and journaled), then ends with a hostile error text as its result
+#: (`MissionSpec.agent_error`: markup, HTML, Markdown links and images, OSC 8,
+#: ED, CR, a bidi override), which becomes the session's end reason in
+#: state.sqlite, report.md and the progress lines. (An agent's child cannot
+#: write into the agent's own stdout any more: the pipe is corral's, and
+#: /proc/PID/fd reopening and pidfd_getfd are refused; the agent itself can.)
 _HOSTILE_TEXT = r"""
-import signal
 TOKEN = "cvt-" + MARKER
 for path in ("/[/x]", "/[link=file:///etc/passwd]x[/link]", "/[blink]spoofed[/]"):
     reply, err = via_proxy_or_direct("x.example", 80, path)
     head = (reply or b"").split(b"\r\n", 1)[0][:60].decode("latin-1")
     print("request %s: %s %s" % (path, head, err or ""))
-forged = TOKEN + (" [/x] [link=file:///etc/passwd]x[/link] <script>alert(1)</script> </table>"
-                  " | pass | [x](javascript:alert(1)) ![img](http://x.example/i.png)"
-                  " \x1b]8;;file:///etc/passwd\x1b\\osc\x1b]8;;\x1b\\ \x1b[2J \r \u202e end")
-agent, pid = None, os.getppid()
-for _ in range(8):
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            if b"script_agent.py" in f.read():
-                agent = pid
-                break
-        with open("/proc/%d/stat" % pid) as f:
-            pid = int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError):
-        break
-print("script agent pid:", agent)
-result(agent is not None, token=TOKEN)
-sys.stdout.flush()
-if agent is not None:
-    line = json.dumps({"type": "result", "is_error": True, "num_turns": 1, "usage": {},
-                       "result": forged})
-    with open("/proc/%d/fd/1" % agent, "a") as f:
-        f.write(line + "\n")
-    os.kill(agent, signal.SIGKILL)
+result(True, token=TOKEN)
 """
+
+_AGENT_ERROR = (
+    "cvt-{marker} [/x] [link=file:///etc/passwd]x[/link] <script>alert(1)</script> </table>"
+    " | pass | [x](javascript:alert(1)) ![img](http://x.example/i.png)"
+    " \x1b]8;;file:///etc/passwd\x1b\\osc\x1b]8;;\x1b\\ \x1b[2J \r \u202e end"
+)
 
 _TEXT_FRONT = """
 [[checks]]
@@ -98,12 +83,12 @@ PROBES = [
         "audit",
         "M13",
         "the agent asks the broker for `http://x.example/[/x]` and `[link=...]` targets and "
-        "forges its own error text (markup, HTML, Markdown links, OSC 8, ED, CR, bidi); "
+        "ends with a hostile error text (markup, HTML, Markdown links, OSC 8, ED, CR, bidi); "
         "corral log (table, --denied, --json), corral status and report.md on the host "
         "(mission run)",
         code(_HOSTILE_TEXT),
         HostViewsInert(),
-        mission=MissionSpec(front=_TEXT_FRONT, host_views=True),
+        mission=MissionSpec(front=_TEXT_FRONT, host_views=True, agent_error=_AGENT_ERROR),
         deadline_s=_DEADLINE_S,
     ),
     Probe(
