@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias
 
 from corral.errors import AgentError, UsageError
+from corral.usage import TokenUsage as Usage
 
 __all__ = [
     "DEFAULT_HOME",
@@ -199,20 +200,6 @@ class Launch:
     def display(self) -> str:
         """The launch as a readable shell transcript (for `--dry-run`)."""
         return self.wrapper_script().replace('exec "$@"', "exec " + shlex.join(self.argv))
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """Tokens the provider reported for the whole run."""
-
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.input_tokens + self.output_tokens
 
 
 @dataclass(frozen=True, slots=True)

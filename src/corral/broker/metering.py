@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from corral.usage import TokenUsage, token_count
+
 __all__ = [
     "BUDGET_RULE",
     "JSON_BODY_LIMIT",
@@ -54,80 +56,29 @@ JSON_BODY_LIMIT = 8 << 20
 """Largest non-stream body parsed; a larger one cannot be counted."""
 
 
-@dataclass(frozen=True, slots=True)
-class TokenUsage:
-    """Tokens a provider reported; `total` (input + output) is what budgets count."""
-
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.input_tokens + self.output_tokens
-
-    def __add__(self, other: TokenUsage) -> TokenUsage:
-        return TokenUsage(
-            self.input_tokens + other.input_tokens,
-            self.output_tokens + other.output_tokens,
-            self.cache_read_tokens + other.cache_read_tokens,
-            self.cache_write_tokens + other.cache_write_tokens,
-        )
-
-    def maximum(self, other: TokenUsage) -> TokenUsage:
-        return TokenUsage(
-            max(self.input_tokens, other.input_tokens),
-            max(self.output_tokens, other.output_tokens),
-            max(self.cache_read_tokens, other.cache_read_tokens),
-            max(self.cache_write_tokens, other.cache_write_tokens),
-        )
-
-    def to_json_dict(self) -> dict[str, int]:
-        return {
-            "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens,
-            "cache_read_tokens": self.cache_read_tokens,
-            "cache_write_tokens": self.cache_write_tokens,
-        }
-
-    @classmethod
-    def from_json_dict(cls, d: Mapping[str, Any]) -> TokenUsage:
-        return cls(
-            _count(d.get("input_tokens")),
-            _count(d.get("output_tokens")),
-            _count(d.get("cache_read_tokens")),
-            _count(d.get("cache_write_tokens")),
-        )
-
-
-def _count(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        return 0
-    return value
-
-
 def _usage_fields(u: Mapping[str, Any]) -> TokenUsage | None:
     if "promptTokenCount" in u or "candidatesTokenCount" in u:  # Gemini
         return TokenUsage(
-            _count(u.get("promptTokenCount")),
-            _count(u.get("candidatesTokenCount")) + _count(u.get("thoughtsTokenCount")),
-            _count(u.get("cachedContentTokenCount")),
+            token_count(u.get("promptTokenCount")),
+            token_count(u.get("candidatesTokenCount")) + token_count(u.get("thoughtsTokenCount")),
+            token_count(u.get("cachedContentTokenCount")),
         )
     if "prompt_tokens" in u or "completion_tokens" in u:  # Chat Completions
         details = u.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, Mapping) else 0
         return TokenUsage(
-            _count(u.get("prompt_tokens")), _count(u.get("completion_tokens")), _count(cached)
+            token_count(u.get("prompt_tokens")),
+            token_count(u.get("completion_tokens")),
+            token_count(cached),
         )
     if "input_tokens" in u or "output_tokens" in u:  # Anthropic, OpenAI Responses
         details = u.get("input_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, Mapping) else 0
         return TokenUsage(
-            _count(u.get("input_tokens")),
-            _count(u.get("output_tokens")),
-            _count(u.get("cache_read_input_tokens")) + _count(cached),
-            _count(u.get("cache_creation_input_tokens")),
+            token_count(u.get("input_tokens")),
+            token_count(u.get("output_tokens")),
+            token_count(u.get("cache_read_input_tokens")) + token_count(cached),
+            token_count(u.get("cache_creation_input_tokens")),
         )
     return None
 
@@ -264,7 +215,7 @@ class SessionBudget:
     """What a route's responses used in this broker's session, and its budget."""
 
     budget: int | None
-    spent: TokenUsage = TokenUsage()
+    spent: TokenUsage = field(default_factory=TokenUsage)
     closed: str | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 

@@ -34,6 +34,7 @@ __all__ = [
     "CgroupUsage",
     "detect_layout",
     "parse_flat_keyed",
+    "pid_alive",
     "sweep_stale",
 ]
 
@@ -413,7 +414,7 @@ def sweep_stale(layout: CgroupLayout, parent: str = "corral") -> list[str]:
         if m is None:
             continue
         owner = int(m.group(1))
-        if owner == os.getpid() or _alive(owner):
+        if owner == os.getpid() or pid_alive(owner):
             continue
         with contextlib.suppress(CgroupError):
             Cgroup(layout, rel).remove(timeout_s=2.0)
@@ -421,7 +422,8 @@ def sweep_stale(layout: CgroupLayout, parent: str = "corral") -> list[str]:
     return removed
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (one we may not signal counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

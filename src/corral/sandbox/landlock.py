@@ -442,18 +442,7 @@ def apply(rules: LandlockRules) -> int:
     caller must then not run the command.
     """
     p = plan(rules, abi_version())
-    attr = p.ruleset_attr()
-    attr_buf = ctypes.create_string_buffer(attr, len(attr))
-    ruleset_fd = int(
-        _syscall(
-            ctypes.c_long(_SYS_CREATE_RULESET),
-            attr_buf,
-            ctypes.c_size_t(len(attr)),
-            ctypes.c_uint32(0),
-        )
-    )
-    if ruleset_fd < 0:
-        raise _fail("landlock_create_ruleset")
+    ruleset_fd = _create_ruleset(p, "")
     try:
         for path, wanted in p.paths:
             _add_path_rule(ruleset_fd, path, wanted)
@@ -472,15 +461,7 @@ def apply(rules: LandlockRules) -> int:
             != 0
         ):
             raise _fail("prctl(PR_SET_NO_NEW_PRIVS)")
-        if (
-            _syscall(
-                ctypes.c_long(_SYS_RESTRICT_SELF),
-                ctypes.c_int(ruleset_fd),
-                ctypes.c_uint32(p.restrict_flags),
-            )
-            != 0
-        ):
-            raise _fail("landlock_restrict_self")
+        _restrict_self(ruleset_fd, p, "")
     finally:
         os.close(ruleset_fd)
     return p.abi
@@ -493,6 +474,14 @@ def nest(rules: LandlockRules) -> None:
     no_new_privs is inherited from `apply`. Raises LandlockError on failure.
     """
     p = nested_plan(plan(rules, abi_version()))
+    ruleset_fd = _create_ruleset(p, "(nested)")
+    try:
+        _restrict_self(ruleset_fd, p, "(nested)")
+    finally:
+        os.close(ruleset_fd)
+
+
+def _create_ruleset(p: Plan, what: str) -> int:
     attr = p.ruleset_attr()
     attr_buf = ctypes.create_string_buffer(attr, len(attr))
     ruleset_fd = int(
@@ -504,19 +493,20 @@ def nest(rules: LandlockRules) -> None:
         )
     )
     if ruleset_fd < 0:
-        raise _fail("landlock_create_ruleset(nested)")
-    try:
-        if (
-            _syscall(
-                ctypes.c_long(_SYS_RESTRICT_SELF),
-                ctypes.c_int(ruleset_fd),
-                ctypes.c_uint32(p.restrict_flags),
-            )
-            != 0
-        ):
-            raise _fail("landlock_restrict_self(nested)")
-    finally:
-        os.close(ruleset_fd)
+        raise _fail("landlock_create_ruleset" + what)
+    return ruleset_fd
+
+
+def _restrict_self(ruleset_fd: int, p: Plan, what: str) -> None:
+    if (
+        _syscall(
+            ctypes.c_long(_SYS_RESTRICT_SELF),
+            ctypes.c_int(ruleset_fd),
+            ctypes.c_uint32(p.restrict_flags),
+        )
+        != 0
+    ):
+        raise _fail("landlock_restrict_self" + what)
 
 
 def _add_rule(ruleset_fd: int, rule_type: int, buf: ctypes.Array[ctypes.c_char]) -> int:

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 
 from corral.errors import LayerUnavailableError, SandboxStartError, UsageError
 from corral.sandbox.bwrap import StagedBind
+from corral.sandbox.cgroup import pid_alive
 
 # Not `typing.TYPE_CHECKING`: importing typing costs ~5 ms on every `corral exec`.
 TYPE_CHECKING = False
@@ -653,7 +654,7 @@ def _owner(name: str) -> int | None:
 
 
 def _live(pid: int) -> bool:
-    return pid > 0 and (pid == os.getpid() or _alive(pid))
+    return pid > 0 and (pid == os.getpid() or pid_alive(pid))
 
 
 def _in_use(where: str, skip: str | None = None) -> set[tuple[int, int]]:
@@ -687,16 +688,6 @@ def _remove_if_ours(row: Row, used: set[tuple[int, int]]) -> bool:
             os.unlink(path)
     except OSError:
         return False
-    return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 
