@@ -27,10 +27,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
-from corral.broker.actions import Observation
+from corral.broker.actions import Identity, Observation, ProcessEvent
 from corral.errors import JournalError
+
+if TYPE_CHECKING:
+    from corral.sandbox.spec import ExecResult, Limits
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -40,6 +43,7 @@ __all__ = [
     "decision_counts",
     "iter_rows",
     "observation_row",
+    "outcome_observations",
     "outcome_row",
     "read_rows",
 ]
@@ -143,6 +147,68 @@ def outcome_row(
         bytes_down,
         _dumps(detail),
     )
+
+
+def outcome_observations(
+    result: ExecResult, identity: Identity, limits: Limits
+) -> list[Observation]:
+    """What the journal records about how a sandbox ended (pure): a limit that
+    was hit, processes left behind, and the exit itself, in that order."""
+    out: list[tuple[str, str, str, dict[str, Any]]] = []
+    if result.reason == "timeout":
+        out.append(
+            (
+                "timeout",
+                "deny",
+                f"wall-clock limit {limits.timeout_s or 0:g}s reached",
+                {"timeout_s": limits.timeout_s},
+            )
+        )
+    if result.oom_kills:
+        out.append(
+            (
+                "oom_kill",
+                "deny",
+                f"{result.oom_kills} process(es) killed by the memory limit",
+                {"memory_bytes": limits.memory_bytes, "oom_kills": result.oom_kills},
+            )
+        )
+    if result.pids_limit_hits:
+        out.append(
+            (
+                "pids_limit",
+                "deny",
+                f"fork refused {result.pids_limit_hits} time(s) at the pids limit",
+                {"pids": limits.pids, "hits": result.pids_limit_hits},
+            )
+        )
+    if result.processes_killed_at_end:
+        out.append(
+            (
+                "killed_at_teardown",
+                "observe",
+                f"{result.processes_killed_at_end} process(es) killed when the task ended",
+                {"count": result.processes_killed_at_end},
+            )
+        )
+    exit_detail: dict[str, Any] = {
+        "exit": result.exit,
+        "reason": result.reason,
+        "wall_s": round(result.wall_s, 4),
+        "peak_memory_bytes": result.peak_memory_bytes,
+    }
+    out.append(("exit", "observe", f"exit {result.exit} ({result.reason})", exit_detail))
+    return [
+        Observation.of(
+            ProcessEvent(event=event),
+            identity,
+            decision="deny" if decision == "deny" else "observe",
+            rule=None,
+            reason=reason,
+            detail=detail,
+        )
+        for event, decision, reason, detail in out
+    ]
 
 
 class Journal:
