@@ -150,7 +150,9 @@ def test_network_listen(case: Case, ws: Path) -> None:
     def attach(net: SandboxNet) -> None:
         listeners.append(net.listen(port))
 
-    hello = f"import socket; socket.create_connection(('127.0.0.1', {port})).sendall(b'from-inside')"
+    hello = (
+        f"import socket\nsocket.create_connection(('127.0.0.1', {port})).sendall(b'from-inside')\n"
+    )
     backend = case.make()
     running = backend.start(spec(ws, PY, "-c", hello), network=attach)
     try:
@@ -182,7 +184,7 @@ def test_network_connect(case: Case, ws: Path) -> None:
     )
     running = case.make().start(spec(ws, PY, "-c", serve), network=nets.append)
     try:
-        until(lambda: (ws / "ready").exists(), "the server inside listens")
+        until((ws / "ready").exists, "the server inside listens")
         with nets[0].connect(port) as conn:
             conn.settimeout(60)
             assert conn.recv(64) == b"from-server-inside"
