@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from corral.sandbox.cgroup import CgroupUsage
+from corral.sandbox.netns import listen_on
 from corral.sandbox.spec import ExecResult, SandboxSpec
 from corral.sandbox.unix_admit import UnixConnectEvent
 
@@ -44,14 +45,7 @@ class FakeNet:
         self.connected: list[int] = []
 
     def listen(self, port: int) -> socket.socket:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("127.0.0.1", port))
-            sock.listen(16)
-        except OSError:
-            sock.close()
-            raise
+        sock = listen_on(socket.socket(socket.AF_INET, socket.SOCK_STREAM), port)
         self.listened.append(port)
         return sock
 

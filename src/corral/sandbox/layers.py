@@ -19,7 +19,7 @@ __all__ = ["cgroup_unwritable", "sysctl", "userns_blocked"]
 
 
 def sysctl(path: str) -> str | None:
-    """A /proc/sys value, stripped; None when it does not exist or is unreadable."""
+    """A /proc or /sys value, stripped; None when it does not exist or is unreadable."""
     try:
         with open(path, encoding="ascii") as fh:
             return fh.read().strip()

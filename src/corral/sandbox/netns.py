@@ -18,7 +18,7 @@ import threading
 
 from corral.errors import SandboxStartError
 
-__all__ = ["NetNs"]
+__all__ = ["NetNs", "listen_on"]
 
 _CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -31,6 +31,18 @@ def _setns(fd: int) -> None:
     if _libc.setns(fd, _CLONE_NEWNET) != 0:
         err = ctypes.get_errno()
         raise SandboxStartError(err, f"setns(CLONE_NEWNET): {os.strerror(err)}")
+
+
+def listen_on(sock: socket.socket, port: int) -> socket.socket:
+    """`sock` listening on 127.0.0.1:`port` of its namespace; closed on failure."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(256)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 class NetNs:
@@ -64,15 +76,7 @@ class NetNs:
 
     def listen(self, port: int) -> socket.socket:
         """A socket listening on the sandbox's 127.0.0.1:`port`."""
-        sock = self._socket()
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("127.0.0.1", port))
-            sock.listen(256)
-        except OSError:
-            sock.close()
-            raise
-        return sock
+        return listen_on(self._socket(), port)
 
     def connect(self, port: int, timeout_s: float = 10.0) -> socket.socket:
         """A socket connected to the sandbox's 127.0.0.1:`port` (OSError when refused)."""

@@ -13,6 +13,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
+from corral.sandbox.layers import sysctl as _read
+
 __all__ = [
     "REQUIRED_LAYERS",
     "LayerStatus",
@@ -46,14 +48,6 @@ class LayerStatus:
     reason: str
     hint: str = ""
     detail: dict[str, str] = field(default_factory=dict)
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="ascii") as fh:
-            return fh.read().strip()
-    except OSError:
-        return None
 
 
 @functools.cache
@@ -105,12 +99,12 @@ def _unprivileged(cmd: list[str]) -> tuple[bool, str]:
 
 @functools.cache
 def probe_userns() -> LayerStatus:
-    from corral.sandbox.layers import sysctl, userns_blocked
+    from corral.sandbox.layers import userns_blocked
 
     blocked = userns_blocked()
     if blocked is not None:
         return LayerStatus("userns", False, *blocked)
-    max_ns = sysctl("/proc/sys/user/max_user_namespaces")
+    max_ns = _read("/proc/sys/user/max_user_namespaces")
     unshare = shutil.which("unshare")
     if unshare is None:
         return LayerStatus(
