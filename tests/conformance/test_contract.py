@@ -239,3 +239,16 @@ def test_owner_killed(case: Case, ws: Path) -> None:
     # The next start sweeps what a killed owner left.
     run(case.make(), spec(ws, "/bin/sh", "-c", "exit 0"))
     assert case.leftover_cgroups(owner.pid) == []
+
+
+def test_check_and_preview(case: Case, ws: Path) -> None:
+    """`check` names each layer (None: available); `preview` describes a start, starting nothing."""
+    backend = case.make()
+    s = spec(ws, "/bin/sh", "-c", "echo started > marker")
+    layers = backend.check(s)
+    assert layers and all(why is None or (isinstance(why, str) and why) for why in layers.values())
+    # This host passed the case's marker: everything the backend needs is here.
+    assert {k: v for k, v in layers.items() if v is not None} == {}
+    argv = backend.preview(s)
+    assert argv and all(isinstance(a, str) for a in argv)
+    assert not (ws / "marker").exists()
