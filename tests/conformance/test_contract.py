@@ -196,7 +196,8 @@ def test_network_connect(case: Case, ws: Path) -> None:
 
 def test_leftovers_counted(case: Case, ws: Path) -> None:
     mark = f"corral-conformance-left-{os.getpid()}-{os.urandom(4).hex()}"
-    argv = ("/bin/sh", "-c", f"/bin/sh -c 'sleep 1000; : {mark}' & exit 0")
+    # One leftover process: `&` has forked it before the shell exits.
+    argv = ("/bin/sh", "-c", f"{PY} -c 'import time; time.sleep(1000)' {mark} & exit 0")
     result = run(case.make(), spec(ws, *argv))
     assert (result.exit, result.reason) == (0, "exited")
     assert result.processes_killed_at_end == 1
