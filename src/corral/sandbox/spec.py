@@ -108,7 +108,7 @@ EXIT_REASONS: tuple[str, ...] = ("exited", "killed", "timeout", "oom", "refused"
 
 @dataclass(frozen=True, slots=True)
 class ExecResult:
-    """How a sandboxed command ended and what it used (DESIGN.md section 5).
+    """How a sandboxed command ended and what it used (`docs/design.md` section 5).
 
     Every backend reports this; the numbers come from the host's side of the
     boundary (the backend's monitor and the kernel's counters), never from
