@@ -82,6 +82,17 @@ def _unix() -> str | None:
     return None if r.available else r.reason
 
 
+@functools.cache
+def _runsc() -> str | None:
+    return None if shutil.which("runsc") else "runsc (gVisor) not installed"
+
+
+@functools.cache
+def _qemu() -> str | None:
+    r = probe.probe_qemu()
+    return None if r.available else r.reason
+
+
 def _sandbox() -> str | None:
     return _root() or _bwrap() or _userns() or _cgroup() or _seccomp() or _landlock() or _unix()
 
@@ -97,6 +108,8 @@ PROBES: dict[str, tuple[str, Callable[[], str | None]]] = {
     "requires_npm": ("npm is installed", _npm),
     "requires_curl": ("curl is installed", _curl),
     "requires_sandbox": ("the full namespace sandbox profile can run", _sandbox),
+    "requires_runsc": ("runsc (gVisor) is installed", _runsc),
+    "requires_qemu": ("qemu-system-x86_64 is installed (microvm)", _qemu),
 }
 
 

@@ -27,10 +27,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
-from corral.broker.actions import Observation
+from corral.broker.actions import Identity, Observation, ProcessEvent
 from corral.errors import JournalError
+from corral.sqlrows import record
+
+if TYPE_CHECKING:
+    from corral.sandbox.spec import ExecResult, Limits
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -40,6 +44,7 @@ __all__ = [
     "decision_counts",
     "iter_rows",
     "observation_row",
+    "outcome_observations",
     "outcome_row",
     "read_rows",
 ]
@@ -143,6 +148,52 @@ def outcome_row(
         bytes_down,
         _dumps(detail),
     )
+
+
+def outcome_observations(
+    result: ExecResult, identity: Identity, limits: Limits
+) -> list[Observation]:
+    """What the journal records about how a sandbox ended (pure): a limit that
+    was hit, processes left behind, and the exit itself, in that order."""
+    out: list[tuple[str, bool, str, dict[str, Any]]] = []  # event, denied, reason, detail
+    if result.reason == "timeout":
+        why = f"wall-clock limit {limits.timeout_s or 0:g}s reached"
+        out.append(("timeout", True, why, {"timeout_s": limits.timeout_s}))
+    if result.oom_kills:
+        why = f"{result.oom_kills} process(es) killed by the memory limit"
+        detail = {"memory_bytes": limits.memory_bytes, "oom_kills": result.oom_kills}
+        out.append(("oom_kill", True, why, detail))
+    if result.pids_limit_hits:
+        why = f"fork refused {result.pids_limit_hits} time(s) at the pids limit"
+        out.append(("pids_limit", True, why, {"pids": limits.pids, "hits": result.pids_limit_hits}))
+    if result.processes_killed_at_end:
+        n = result.processes_killed_at_end
+        out.append(
+            (
+                "killed_at_teardown",
+                False,
+                f"{n} process(es) killed when the task ended",
+                {"count": n},
+            )
+        )
+    exit_detail: dict[str, Any] = {
+        "exit": result.exit,
+        "reason": result.reason,
+        "wall_s": round(result.wall_s, 4),
+        "peak_memory_bytes": result.peak_memory_bytes,
+    }
+    out.append(("exit", False, f"exit {result.exit} ({result.reason})", exit_detail))
+    return [
+        Observation.of(
+            ProcessEvent(event=event),
+            identity,
+            decision="deny" if denied else "observe",
+            rule=None,
+            reason=reason,
+            detail=detail,
+        )
+        for event, denied, reason, detail in out
+    ]
 
 
 class Journal:
@@ -343,36 +394,20 @@ class JournalRow:
 
 _SELECT: Final = (
     "SELECT o.id, o.time, o.run, o.session, o.env, o.kind, o.target, o.decision, o.rule,"
-    " o.reason, o.bytes_up, o.bytes_down, o.detail, o.cause,"
-    " x.time, x.bytes_up, x.bytes_down, x.detail"
+    " o.reason, o.bytes_up, o.bytes_down, o.detail, o.cause, x.time AS outcome_time,"
+    " x.bytes_up AS outcome_up, x.bytes_down AS outcome_down, x.detail AS outcome_detail"
     " FROM observations o LEFT JOIN outcomes x ON x.observation = o.id"
 )
 
 
-def _row(r: tuple[Any, ...]) -> JournalRow:
-    outcome: dict[str, Any] | None = None
-    bytes_up, bytes_down = int(r[10]), int(r[11])
-    if r[14] is not None:
-        outcome = dict(json.loads(r[17]))
-        outcome["time"] = r[14]
-        bytes_up, bytes_down = int(r[15]), int(r[16])
-    return JournalRow(
-        id=int(r[0]),
-        time=r[1],
-        run=r[2],
-        session=r[3],
-        env=r[4],
-        kind=r[5],
-        target=r[6],
-        decision=r[7],
-        rule=r[8],
-        reason=r[9],
-        bytes_up=bytes_up,
-        bytes_down=bytes_down,
-        detail=dict(json.loads(r[12])),
-        cause=r[13],
-        outcome=outcome,
-    )
+def _row(r: sqlite3.Row) -> JournalRow:
+    if r["outcome_time"] is None:
+        given: dict[str, Any] = {"outcome": None}
+    else:
+        outcome = dict(json.loads(r["outcome_detail"]))
+        outcome["time"] = r["outcome_time"]
+        given = {"outcome": outcome, "bytes_up": r["outcome_up"], "bytes_down": r["outcome_down"]}
+    return record(JournalRow, r, convert={"detail": lambda v: dict(json.loads(v))}, given=given)
 
 
 def read_rows(
@@ -416,6 +451,7 @@ def iter_rows(
         args.append(limit)
     try:
         conn = sqlite3.connect(f"{p.absolute().as_uri()}?mode=ro", uri=True, timeout=5.0)
+        conn.row_factory = sqlite3.Row
     except sqlite3.Error as exc:
         raise JournalError(f"cannot open journal {p}: {exc}") from exc
     try:

@@ -55,25 +55,25 @@ from corral.run.environments import (
     product_spec,
     provider_choice,
 )
-from corral.run.forward import NetNs, PortForwarder, probe_ready
+from corral.run.forward import PortForwarder, probe_ready
 from corral.run.mission import Mission, ProviderRef, parse_mission, parse_provider
 from corral.run.progress import Progress
 from corral.run.prompt import build_prompt
 from corral.run.report import render_report
 from corral.run.runcg import RunCgroup
 from corral.run.store import CheckResult, RunLock, SessionRecord, Store
-from corral.sandbox.namespace import ExecResult, NamespaceSandbox, RunningSandbox
+from corral.sandbox.backend import Backend, Sandbox, SandboxNet, backend_config, load_backend
 from corral.sandbox.reaper import become_subreaper
 from corral.sandbox.setid import strip_setid
 from corral.sandbox.unix_journal import unix_observer
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     from corral.broker.journal import Journal
     from corral.provider.server import ProviderThread
     from corral.sandbox.egress import EgressBroker
-    from corral.sandbox.spec import SandboxSpec
+    from corral.sandbox.spec import ExecResult, Limits, SandboxSpec
     from corral.sandbox.unix_admit import UnixConnectEvent
 
 __all__ = [
@@ -191,10 +191,25 @@ class _Stop(Exception):
 class Coordinator:
     """Drives one run to its end. Use `drive()` once."""
 
-    def __init__(self, layout: RunLayout, progress: Progress) -> None:
+    def __init__(
+        self,
+        layout: RunLayout,
+        progress: Progress,
+        backends: Mapping[str, Backend] | None = None,
+    ) -> None:
+        """`backends`: the backend of each environment (agent, product,
+        verifier); default the mission's `backend` choice, loaded here so an
+        unavailable one refuses the run before it starts."""
         self.layout = layout
         self.progress = progress
         self.mission, self.config = load_run(layout)
+        if backends is None:
+            kinds = self.mission.settings.backend
+            backends = {
+                env: load_backend(backend_config(getattr(kinds, env)))
+                for env in ("agent", "product", "verifier")
+            }
+        self._backends = dict(backends)
         self.provider_ref = parse_provider(self.config.provider)
         self.run_id = layout.run_id
         self._stop_signal: int | None = None
@@ -553,15 +568,25 @@ class Coordinator:
             stack.callback(err.finish)
             devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
             stack.callback(os.close, devnull)
-            sandbox = NamespaceSandbox(
-                spec,
-                cgroup_parent=self._cg.relpath,
-                network_hook=egress.attach,
-                stdio=(devnull, out.writer, err.writer),
-                unix_observer=self._unix_observer(spec),
-            )
+
+            def start() -> Sandbox:
+                assert self._cg is not None
+                return self._backends["agent"].start(
+                    spec,
+                    parent_cgroup=self._cg.relpath,
+                    network=egress.attach,
+                    stdio=(devnull, out.writer, err.writer),
+                    unix_observer=self._unix_observer(spec),
+                )
+
             return self._agent_session(
-                store, n, sandbox=sandbox, egress=egress, wall=wall, captures=(out, err)
+                store,
+                n,
+                start=start,
+                limits=spec.limits,
+                egress=egress,
+                wall=wall,
+                captures=(out, err),
             )
 
     def _agent_session(
@@ -569,14 +594,15 @@ class Coordinator:
         store: Store,
         n: int,
         *,
-        sandbox: NamespaceSandbox,
+        start: Callable[[], Sandbox],
+        limits: Limits,
         egress: EgressBroker,
         wall: float,
         captures: tuple[Capture, Capture],
     ) -> tuple[str, ExecResult | None, AgentResult | None, int | None]:
         assert self._agent is not None and self._cg is not None
         try:
-            running = sandbox.start()
+            running = start()
         except CorralError as exc:
             egress.stop()
             self._journal_event("refused", f"agent sandbox refused: {exc}", decision="deny")
@@ -589,7 +615,6 @@ class Coordinator:
             with contextlib.suppress(CorralError, OSError):
                 self._cg.attach_helper(broker_pid)
             store.update_session(n, broker_pid=broker_pid)
-        running.layers["broker"] = True
         reason = self._watch_agent(running, egress, wall)
         if reason is None and not egress.alive():
             # The agent may have exited *because* its only door closed.
@@ -608,7 +633,7 @@ class Coordinator:
         finally:
             running.close()
             egress.stop()
-        self._journal_outcome("agent", result)
+        self._journal_outcome("agent", result, limits)
         for capture in captures:
             capture.finish()
         # What the agent printed (through corral's pipe) says how it ended; the
@@ -632,9 +657,7 @@ class Coordinator:
             reason = f"agent failed: {(agent_result.error or '')[:200]}"
         return reason, result, agent_result, broker_pid
 
-    def _watch_agent(
-        self, running: RunningSandbox, egress: EgressBroker, wall: float
-    ) -> str | None:
+    def _watch_agent(self, running: Sandbox, egress: EgressBroker, wall: float) -> str | None:
         deadline = time.monotonic() + wall
         last_tick = 0.0
         while running.poll() is None:
@@ -658,46 +681,23 @@ class Coordinator:
             time.sleep(_POLL_S)
         return None
 
-    def _journal_outcome(self, env: str, result: ExecResult) -> None:
-        if result.oom_kills:
-            self._journal_event(
-                "oom_kill",
-                f"{result.oom_kills} process(es) killed by the memory limit",
-                env=env,
-                decision="deny",
-            )
-        if result.pids_limit_hits:
-            self._journal_event(
-                "pids_limit",
-                f"fork refused {result.pids_limit_hits} time(s) at the pids limit",
-                env=env,
-                decision="deny",
-            )
-        if result.processes_killed_at_end:
-            self._journal_event(
-                "killed_at_teardown",
-                f"{result.processes_killed_at_end} process(es) killed when the task ended",
-                env=env,
-                detail={"count": result.processes_killed_at_end},
-            )
-        self._journal_event(
-            "exit",
-            f"exit {result.exit} ({result.reason})",
-            env=env,
-            detail={
-                "exit": result.exit,
-                "reason": result.reason,
-                "wall_s": round(result.wall_s, 3),
-                "peak_memory_bytes": result.peak_memory_bytes,
-            },
-        )
+    def _journal_outcome(self, env: str, result: ExecResult, limits: Limits | None = None) -> None:
+        if self._journal is None:
+            return
+        from corral.broker.journal import outcome_observations
+        from corral.sandbox.spec import Limits
+
+        s = self._session
+        who = Identity(run=self.run_id, session=str(s) if s else None, env=env)  # type: ignore[arg-type]
+        for obs in outcome_observations(result, who, limits or Limits()):
+            self._journal.append(obs)
 
     # -- product and verifier ---------------------------------------------
     def _verify(self, store: Store, n: int) -> list[CheckResult]:
         assert self._cg is not None
         product = self.mission.settings.product
-        running: RunningSandbox | None = None
-        ns: NetNs | None = None
+        running: Sandbox | None = None
+        ns: SandboxNet | None = None
         not_ready = ""
         try:
             if product is not None:
@@ -734,27 +734,22 @@ class Coordinator:
                 result = running.interrupt(signal.SIGKILL)
                 running.close()
                 self._journal_outcome("product", result)
-            if ns is not None:
-                ns.close()
 
-    def _start_product(self, n: int) -> tuple[RunningSandbox | None, NetNs | None, bool, str]:
+    def _start_product(self, n: int) -> tuple[Sandbox | None, SandboxNet | None, bool, str]:
         assert self._cg is not None
         product = self.mission.settings.product
         assert product is not None
         self.layout.product_dir(n).mkdir(parents=True, exist_ok=True)
-        holder: list[NetNs] = []
+        holder: list[SandboxNet] = []
         spec = product_spec(self.layout, self.mission, n)
-        sandbox = NamespaceSandbox(
-            spec,
-            cgroup_parent=self._cg.relpath,
-            network_hook=lambda pid: holder.append(NetNs(pid)),
-            unix_observer=self._unix_observer(spec),
-        )
         try:
-            running = sandbox.start()
+            running = self._backends["product"].start(
+                spec,
+                parent_cgroup=self._cg.relpath,
+                network=holder.append,
+                unix_observer=self._unix_observer(spec),
+            )
         except CorralError as exc:
-            for h in holder:
-                h.close()
             return None, None, False, f"the product sandbox could not start: {exc}"
         ns = holder[0]
         ready, why = probe_ready(
@@ -770,7 +765,7 @@ class Coordinator:
                 why += f"; product stderr: {err}"
         return running, ns, ready, why
 
-    def _run_check(self, n: int, i: int, product_ns: NetNs | None) -> CheckResult:
+    def _run_check(self, n: int, i: int, product_ns: SandboxNet | None) -> CheckResult:
         assert self._cg is not None and self._forwarder is not None
         check = self.mission.settings.checks[i]
         cdir = self.layout.check_dir(n, i)
@@ -787,24 +782,18 @@ class Coordinator:
         product = self.mission.settings.product
         fwd = self._forwarder
 
-        def hook(pid: int) -> None:
+        def hook(net: SandboxNet) -> None:
             assert product is not None and product_ns is not None
-            ns = NetNs(pid)
-            try:
-                listener = ns.listen(product.port)
-            finally:
-                ns.close()
-            stops.append(fwd.expose(listener, product_ns, product.port))
+            stops.append(fwd.expose(net.listen(product.port), product_ns, product.port))
 
-        sandbox = NamespaceSandbox(
-            spec,
-            cgroup_parent=self._cg.relpath,
-            network_hook=hook if product_ns is not None else None,
-            unix_observer=self._unix_observer(spec),
-        )
         started = time.monotonic()
         try:
-            running = sandbox.start()
+            running = self._backends["verifier"].start(
+                spec,
+                parent_cgroup=self._cg.relpath,
+                network=hook if product_ns is not None else None,
+                unix_observer=self._unix_observer(spec),
+            )
         except CorralError as exc:
             return CheckResult(check.name, False, f"verifier refused: {exc}", None, 0.0)
         try:
@@ -814,7 +803,9 @@ class Coordinator:
             for stop in stops:
                 stop()
         took = time.monotonic() - started
-        self._journal_outcome("verifier", result)
+        self._journal_outcome(
+            "verifier", result, dataclasses.replace(spec.limits, timeout_s=check.timeout)
+        )
         output = (
             _read_tail(cdir / "stdout.log", 3000) + _read_tail(cdir / "stderr.log", 1000)
         ).strip()

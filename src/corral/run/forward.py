@@ -1,9 +1,8 @@
 """The product port, forwarded from the product's loopback to a verifier's loopback.
 
-Neither sandbox has a network device besides its own loopback. Corral (root)
-creates sockets *inside* their network namespaces: `setns(CLONE_NEWNET)` on
-the calling thread, `socket()`, `setns` back - a socket belongs to the
-namespace it was created in, whatever thread uses it later. The verifier gets
+Neither sandbox has a network device besides its own loopback; each is
+reached through its backend's `SandboxNet` (for a namespace sandbox,
+sockets created in its network namespace: `sandbox/netns.py`). The verifier gets
 a listening socket on its 127.0.0.1:PORT; each connection accepted there is
 journaled (`net_connect`, env verifier, rule `product-port`) and only then
 relayed to a socket connected to 127.0.0.1:PORT in the product's namespace.
@@ -15,70 +14,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import os
 import socket
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
-from corral.errors import SandboxStartError
+if TYPE_CHECKING:
+    from corral.sandbox.backend import SandboxNet
 
-__all__ = ["NetNs", "PortForwarder", "probe_ready"]
-
-_CLONE_NEWNET = 0x40000000
-_libc = ctypes.CDLL(None, use_errno=True)
-_ns_lock = threading.Lock()
-
-
-def _setns(fd: int) -> None:
-    if _libc.setns(fd, _CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise SandboxStartError(err, f"setns(CLONE_NEWNET): {os.strerror(err)}")
-
-
-class NetNs:
-    """A held reference to a sandbox's network namespace (valid after its pid is gone)."""
-
-    def __init__(self, pid: int) -> None:
-        try:
-            self.fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise SandboxStartError(exc.errno, f"sandbox network namespace gone: {exc}") from exc
-
-    def new_socket(self) -> socket.socket:
-        """A new TCP socket that lives in this namespace."""
-        with _ns_lock:
-            own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                _setns(self.fd)
-                try:
-                    return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                finally:
-                    # Back before anything else runs on this thread.
-                    _setns(own)
-            finally:
-                os.close(own)
-
-    def listen(self, port: int) -> socket.socket:
-        sock = self.new_socket()
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("127.0.0.1", port))
-            sock.listen(64)
-        except OSError:
-            sock.close()
-            raise
-        return sock
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
+__all__ = ["PortForwarder", "probe_ready"]
 
 
 def probe_ready(
-    ns: NetNs,
+    ns: SandboxNet,
     port: int,
     path: str | None,
     timeout_s: float,
@@ -94,10 +44,14 @@ def probe_ready(
     while time.monotonic() < deadline:
         if not alive():
             return False, f"the product exited before it was ready ({last})"
-        sock = ns.new_socket()
+        try:
+            sock = ns.connect(port)
+        except OSError as exc:
+            last = f"port {port}: {exc.strerror or exc}"
+            time.sleep(0.1)
+            continue
         try:
             sock.settimeout(max(0.1, min(2.0, deadline - time.monotonic())))
-            sock.connect(("127.0.0.1", port))
             if path is None:
                 return True, f"port {port} accepts connections"
             sock.sendall(f"GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
@@ -130,7 +84,7 @@ class PortForwarder:
         self._thread.start()
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def expose(self, listener: socket.socket, product: NetNs, port: int) -> Callable[[], None]:
+    def expose(self, listener: socket.socket, product: SandboxNet, port: int) -> Callable[[], None]:
         """Serve `listener`; returns a function that stops serving it."""
         listener.setblocking(False)
         fut: Future[asyncio.Server] = asyncio.run_coroutine_threadsafe(
@@ -152,7 +106,11 @@ class PortForwarder:
         return stop
 
     async def _relay(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, product: NetNs, port: int
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        product: SandboxNet,
+        port: int,
     ) -> None:
         task = asyncio.current_task()
         assert task is not None
@@ -162,15 +120,15 @@ class PortForwarder:
                 self._on_connect(f"product:127.0.0.1:{port}")
             except Exception:
                 return
-            sock = product.new_socket()
-            sock.setblocking(False)
             try:
-                await asyncio.wait_for(
-                    self._loop.sock_connect(sock, ("127.0.0.1", port)), timeout=10.0
+                # connect() on a loopback completes or is refused at once; off
+                # the loop anyway, so a slow backend channel stalls no relay.
+                sock = await asyncio.wait_for(
+                    self._loop.run_in_executor(None, product.connect, port), timeout=10.0
                 )
             except (OSError, TimeoutError):
-                sock.close()
                 return
+            sock.setblocking(False)
             p_reader, p_writer = await asyncio.open_connection(sock=sock)
             await asyncio.gather(
                 self._pipe(reader, p_writer), self._pipe(p_reader, writer), return_exceptions=True

@@ -37,6 +37,7 @@ from corral.sandbox.units import parse_cpus, parse_duration, parse_size
 
 __all__ = [
     "AGENTS",
+    "Backends",
     "Check",
     "EnvLimits",
     "Limits",
@@ -263,6 +264,30 @@ class Check(BaseModel):
         return "run" if self.run is not None else "http"
 
 
+BackendKind = Literal["namespace", "gvisor", "microvm"]
+
+
+class Backends(BaseModel):
+    """`backend`: the isolation each environment runs in (default namespace).
+
+    `backend = "gvisor"` names one for every environment; a table
+    (`[backend]` with `agent`, `product`, `verifier`) names them one by one.
+    """
+
+    model_config = _FROZEN
+
+    agent: BackendKind = "namespace"
+    product: BackendKind = "namespace"
+    verifier: BackendKind = "namespace"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_for_all(cls, value: object) -> object:
+        if isinstance(value, str):
+            return {"agent": value, "product": value, "verifier": value}
+        return value
+
+
 class MissionSettings(BaseModel):
     """The front matter, validated."""
 
@@ -278,6 +303,7 @@ class MissionSettings(BaseModel):
     limits: Limits = Limits()
     network: NetworkSettings = NetworkSettings()
     mcp: McpSettings = McpSettings()
+    backend: Backends = Backends()
     product: ProductSettings | None = None
     checks_dir: str | None = None
     checks: Annotated[tuple[Check, ...], Field(min_length=1)]

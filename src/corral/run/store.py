@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from corral.errors import CorralError, UsageError
+from corral.sqlrows import record
 
 __all__ = [
     "TERMINAL_RUN_STATES",
@@ -216,47 +217,19 @@ class RunLock:
         return False
 
 
-def _run(r: tuple[Any, ...]) -> RunRecord:
-    return RunRecord(
-        id=r[0],
-        mission=r[1],
-        state=r[2],
-        agent=r[3],
-        provider=r[4],
-        max_sessions=int(r[5]),
-        created=r[6],
-        updated=r[7],
-        coordinator_pid=r[8],
-        stop_requested=bool(r[9]),
-        end_reason=r[10],
-        memory_cap=int(r[11]),
-        peak_memory=int(r[12]),
-        base_commit=r[13],
-        last_commit=r[14],
-    )
+def _run(r: sqlite3.Row) -> RunRecord:
+    return record(RunRecord, r, convert={"stop_requested": bool})
 
 
-def _session(r: tuple[Any, ...]) -> SessionRecord:
-    return SessionRecord(
-        n=int(r[0]),
-        state=r[1],
-        phase=r[2],
-        started=r[3],
-        ended=r[4],
-        end_reason=r[5],
-        agent_exit=r[6],
-        commit_sha=r[7],
-        tokens=int(r[8]),
-        wall_s=float(r[9]),
-        agent_peak_memory=int(r[10]),
-        run_peak_memory=int(r[11]),
-        processes_killed=int(r[12]),
-        product_ready=None if r[13] is None else bool(r[13]),
-        checks_passed=int(r[14]),
-        checks_total=int(r[15]),
-        summary=r[16],
-        broker_pid=r[17],
-        detail=dict(json.loads(r[18])),
+def _session(r: sqlite3.Row) -> SessionRecord:
+    return record(
+        SessionRecord,
+        r,
+        convert={
+            "wall_s": float,
+            "product_ready": lambda v: None if v is None else bool(v),
+            "detail": lambda v: dict(json.loads(v)),
+        },
     )
 
 
@@ -289,8 +262,10 @@ class Store:
                 self._conn = sqlite3.connect(
                     f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=10.0
                 )
+                self._conn.row_factory = sqlite3.Row
             else:
                 self._conn = sqlite3.connect(path, isolation_level=None, timeout=10.0)
+                self._conn.row_factory = sqlite3.Row
                 self._conn.execute("PRAGMA journal_mode=WAL")
                 self._conn.execute("PRAGMA synchronous=FULL")
                 self._conn.executescript(_SCHEMA)

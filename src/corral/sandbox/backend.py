@@ -24,18 +24,28 @@ The contract every backend keeps is written once, as a suite, in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+from corral.sandbox.backend_config import (
+    BACKEND_KINDS,
+    BackendConfig,
+    GVisorConfig,
+    MicroVMConfig,
+    NamespaceConfig,
+    backend_config,
+    load_backend,
+)
 
 if TYPE_CHECKING:
     import socket
     from collections.abc import Callable, Mapping
 
     from corral.sandbox.cgroup import CgroupUsage
-    from corral.sandbox.namespace import ExecResult
-    from corral.sandbox.spec import SandboxSpec
+    from corral.sandbox.spec import ExecResult, SandboxSpec
+    from corral.sandbox.unix_admit import UnixConnectEvent
 
 __all__ = [
+    "BACKEND_KINDS",
     "Backend",
     "BackendConfig",
     "GVisorConfig",
@@ -44,10 +54,11 @@ __all__ = [
     "Sandbox",
     "SandboxNet",
     "backend_config",
+    "load_backend",
 ]
 
 # This module is for callers that type against the interface; `corral exec`'s
-# start path does not import it (it costs `typing`).
+# start path does not import it (it costs `typing`): it uses `backend_config`.
 
 
 class SandboxNet(Protocol):
@@ -119,11 +130,21 @@ class Backend(Protocol):
         *,
         parent_cgroup: str | None = None,
         network: Callable[[SandboxNet], None] | None = None,
+        stdio: tuple[int | None, int | None, int | None] | None = None,
+        unix_observer: Callable[[UnixConnectEvent], None] | None = None,
     ) -> Sandbox:
         """Start `spec`; `network` is called once the sandbox's loopback exists and
-        before the command runs (the broker attaches there). Raises
-        LayerUnavailableError or SandboxStartError; never starts with less than
-        the spec asks unless the spec names the degradation."""
+        before the command runs (the broker attaches there; the `SandboxNet`
+        stays valid until `close()`). Raises LayerUnavailableError or
+        SandboxStartError; never starts with less than the spec asks unless
+        the spec names the degradation.
+
+        `parent_cgroup`: the cgroup (relative path) the sandbox's own goes
+        under (the run's, whose cap covers it). `stdio`: descriptors for the
+        command's stdin, stdout, stderr (None: corral's own, with any
+        terminal replaced by /dev/null). `unix_observer`: called for each
+        connect() to a unix socket the backend admits or refuses, for the
+        journal (backends without such a path never call it)."""
         ...
 
     def preview(self, spec: SandboxSpec) -> list[str]:
@@ -132,67 +153,5 @@ class Backend(Protocol):
 
 
 # --- choosing a backend -------------------------------------------------------
-# A tagged union of frozen configs; `load()` imports the implementation only
-# when it is used. Constructors of backends take their config object.
-
-
-@dataclass(frozen=True, slots=True)
-class NamespaceConfig:
-    """bubblewrap + cgroups + seccomp + Landlock + the compiled init (the default)."""
-
-    kind: Literal["namespace"] = "namespace"
-
-    def load(self) -> Backend:
-        from corral.sandbox.namespace import NamespaceBackend
-
-        return NamespaceBackend(self)
-
-
-@dataclass(frozen=True, slots=True)
-class GVisorConfig:
-    """runsc (gVisor): a user-space kernel between the sandbox and the host."""
-
-    kind: Literal["gvisor"] = "gvisor"
-    #: the runsc binary; None: found on PATH
-    runsc: str | None = None
-    #: ptrace, systrap or kvm; None: the best one `check()` finds on this host
-    platform: str | None = None
-
-    def load(self) -> Backend:
-        from corral.sandbox.gvisor import GVisorBackend
-
-        return GVisorBackend(self)
-
-
-@dataclass(frozen=True, slots=True)
-class MicroVMConfig:
-    """QEMU `-M microvm` with a Debian kernel and a minimal root filesystem."""
-
-    kind: Literal["microvm"] = "microvm"
-    #: the qemu-system-x86_64 binary; None: found on PATH
-    qemu: str | None = None
-    #: "auto": hardware KVM where the CPU has vmx/svm, else TCG (needs `--allow-degraded kvm`)
-    accel: Literal["auto", "kvm", "tcg"] = "auto"
-
-    def load(self) -> Backend:
-        from corral.sandbox.microvm import MicroVMBackend
-
-        return MicroVMBackend(self)
-
-
-BackendConfig = NamespaceConfig | GVisorConfig | MicroVMConfig
-
-BACKEND_KINDS: tuple[str, ...] = ("namespace", "gvisor", "microvm")
-
-
-def backend_config(kind: str) -> BackendConfig:
-    """The default config of the backend named `kind`; ConfigError for any other name."""
-    from corral.errors import ConfigError
-
-    if kind == "namespace":
-        return NamespaceConfig()
-    if kind == "gvisor":
-        return GVisorConfig()
-    if kind == "microvm":
-        return MicroVMConfig()
-    raise ConfigError(f"unknown backend {kind!r}; one of {', '.join(BACKEND_KINDS)}")
+# The configs live in `backend_config` (no `typing` import: `corral exec` loads
+# them on its start path); they are re-exported here.

@@ -76,8 +76,8 @@ def doctor(
 
 def _smoke_test() -> tuple[bool, str]:
     from corral.errors import CorralError
+    from corral.sandbox.backend import NamespaceConfig
     from corral.sandbox.exec_cli import sandbox_env
-    from corral.sandbox.namespace import NamespaceSandbox
     from corral.sandbox.reaper import become_subreaper
     from corral.sandbox.spec import SandboxSpec
 
@@ -88,7 +88,7 @@ def _smoke_test() -> tuple[bool, str]:
         )
         try:
             become_subreaper()
-            running = NamespaceSandbox(spec).start()
+            running = NamespaceConfig().load().start(spec)
         except (CorralError, OSError) as exc:
             return False, f"a real sandbox failed to start: {exc}"
         try:

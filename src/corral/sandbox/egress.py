@@ -1,10 +1,10 @@
-"""Egress for a namespace sandbox: the broker listens *inside* its network namespace.
+"""Egress for a sandbox: the broker listens on the sandbox's own loopback.
 
-A namespace sandbox has no network device but its own loopback. Once bwrap
-has created the namespaces (and before the command runs: bwrap waits on
-`--block-fd`), corral enters the sandbox's network namespace from the host
-(setns as root), creates a listening socket on the sandbox's 127.0.0.1:3128,
-returns to its own namespace and hands the socket to a broker process. The
+A sandbox has no network device but its own loopback. Once the backend has
+built it (and before the command runs), the backend hands corral the
+sandbox's `SandboxNet`; corral gets a listening socket on the sandbox's
+127.0.0.1:3128 from it (for a namespace sandbox, created inside its network
+namespace: `sandbox/netns.py`) and hands the socket to a broker process. The
 socket exists in no filesystem and no other process holds it, so when the
 broker dies the sandbox's only way out is gone (connections are refused):
 egress fails closed.
@@ -13,59 +13,19 @@ egress fails closed.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import os
-import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from corral.errors import BrokerError, SandboxStartError
+from corral.errors import BrokerError
 
 if TYPE_CHECKING:
     from corral.broker.process import BrokerProcess
+    from corral.sandbox.backend import SandboxNet
 
-__all__ = ["SANDBOX_PROXY_PORT", "EgressBroker", "listen_in_netns", "sandbox_proxy_env"]
+__all__ = ["SANDBOX_PROXY_PORT", "EgressBroker", "sandbox_proxy_env"]
 
 #: The broker's port on the sandbox's own loopback.
 SANDBOX_PROXY_PORT = 3128
-_CLONE_NEWNET = 0x40000000
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _setns(fd: int) -> None:
-    if _libc.setns(fd, _CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise SandboxStartError(err, f"setns(CLONE_NEWNET): {os.strerror(err)}")
-
-
-def listen_in_netns(pid: int, port: int = SANDBOX_PROXY_PORT) -> socket.socket:
-    """A TCP socket listening on 127.0.0.1:`port` in the network namespace of `pid`."""
-    own = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        target = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        os.close(own)
-        raise SandboxStartError(
-            exc.errno, f"sandbox network namespace gone: {exc.strerror}"
-        ) from exc
-    try:
-        _setns(target)
-        try:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind(("127.0.0.1", port))
-                sock.listen(256)
-            except OSError:
-                sock.close()
-                raise
-        finally:
-            # Back to our own namespace before anything else can run on this thread.
-            _setns(own)
-    finally:
-        os.close(target)
-        os.close(own)
-    return sock
 
 
 def sandbox_proxy_env() -> dict[str, str]:
@@ -80,7 +40,7 @@ def sandbox_proxy_env() -> dict[str, str]:
 class EgressBroker:
     """Starts a broker on a sandbox's loopback once its namespaces exist.
 
-    Use `attach` as the sandbox's network hook; `stop()` after the sandbox
+    Use `attach` as the backend's `network` callback; `stop()` after the sandbox
     ended. `config_json` is a BrokerConfig document.
     """
 
@@ -102,11 +62,11 @@ class EgressBroker:
         self.ready_timeout_s = ready_timeout_s
         self.process: BrokerProcess | None = None
 
-    def attach(self, sandbox_pid: int) -> None:
+    def attach(self, net: SandboxNet) -> None:
         from corral.broker.config import BrokerConfig
         from corral.broker.process import start_broker
 
-        sock = listen_in_netns(sandbox_pid)
+        sock = net.listen(SANDBOX_PROXY_PORT)
         try:
             self.process = start_broker(
                 BrokerConfig.from_json(self.config_json),

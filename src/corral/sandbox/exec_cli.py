@@ -82,7 +82,12 @@ def _parser() -> _Parser:
         metavar="PATH",
         help="host unix socket the sandbox may connect to (in the workspace or a --ro/--rw path)",
     )
-    p.add_argument("--backend", default="namespace", choices=["namespace", "microvm"])
+    p.add_argument(
+        "--backend",
+        default="namespace",
+        metavar="KIND",
+        help="isolation: namespace (default), gvisor or microvm",
+    )
     p.add_argument("--journal", default=None, metavar="FILE", help="journal SQLite file")
     p.add_argument(
         "--config",
@@ -417,16 +422,26 @@ def run_exec(argv: Sequence[str]) -> int:
     except UsageError as exc:
         sys.stderr.write(f"corral exec: {exc}\n")
         return EXIT_USAGE
-    if ns.backend != "namespace":
-        sys.stderr.write(f"corral exec: backend {ns.backend!r} is not available in this build\n")
-        return EXIT_REFUSED
+    from corral.sandbox.backend_config import backend_config
+
+    try:
+        config = backend_config(ns.backend)
+    except CorralError as exc:
+        sys.stderr.write(f"corral exec: {exc}\n")
+        return EXIT_USAGE
 
     from corral.sandbox.exec_run import execute
 
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, _on_signal)
     try:
-        result = execute(spec, journal=ns.journal, dry_run=ns.dry_run, interrupted_exc=_Interrupted)
+        result = execute(
+            spec,
+            backend=config,
+            journal=ns.journal,
+            dry_run=ns.dry_run,
+            interrupted_exc=_Interrupted,
+        )
     except LayerUnavailableError as exc:
         sys.stderr.write(f"corral exec: refused: {exc}\n")
         _json_refused(ns.json, str(exc), exc.layer)

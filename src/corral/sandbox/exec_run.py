@@ -1,13 +1,14 @@
-"""The shell around the namespace backend for `corral exec`: start, wait, report, journal."""
+"""The shell around a sandbox backend for `corral exec`: start, wait, report, journal."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 
-from corral.sandbox.namespace import ExecResult, NamespaceSandbox, RunningSandbox, preview_argv
-from corral.sandbox.spec import SandboxSpec
+from corral.sandbox.backend_config import BackendConfig, load_backend
+from corral.sandbox.spec import ExecResult, SandboxSpec
 from corral.sandbox.unix_journal import unix_observer
 
 # Not `typing.TYPE_CHECKING`: importing typing costs ~5 ms on every `corral exec`.
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from corral.broker.journal import Journal
+    from corral.sandbox.backend import Sandbox
     from corral.sandbox.egress import EgressBroker
     from corral.sandbox.terminal import PtyRelay
 
@@ -66,12 +68,17 @@ def _journal_protect(
 
 
 def _created_below(
-    journal: Journal | None, *, spec: SandboxSpec, run: str, running: RunningSandbox | None
+    journal: Journal | None, *, spec: SandboxSpec, run: str, running: Sandbox | None
 ) -> tuple[str, ...]:
     """Warn about (and journal) listed names the command created where nothing
     existed to protect: a new repository or `.envrc` in a subdirectory."""
-    ph = running.placeholders if running is not None else None
-    if ph is None or not ph.created_below:
+    if running is None or not spec.protect:
+        return ()
+    from corral.sandbox.protect import Placeholders
+
+    # Placeholders are the namespace backend's (`sandbox/protect.py`).
+    ph = getattr(running, "placeholders", None)
+    if not isinstance(ph, Placeholders) or not ph.created_below:
         return ()
     from corral.sandbox.protect import show
 
@@ -98,59 +105,12 @@ def _journal_outcome(
 ) -> None:
     if journal is None:
         return
-    lim = spec.limits
-    if result.reason == "timeout":
-        _journal_event(
-            journal,
-            spec=spec,
-            run=run,
-            event="timeout",
-            decision="deny",
-            reason=f"wall-clock limit {lim.timeout_s:g}s reached",
-            detail={"timeout_s": lim.timeout_s},
-        )
-    if result.oom_kills:
-        _journal_event(
-            journal,
-            spec=spec,
-            run=run,
-            event="oom_kill",
-            decision="deny",
-            reason=f"{result.oom_kills} process(es) killed by the memory limit",
-            detail={"memory_bytes": lim.memory_bytes, "oom_kills": result.oom_kills},
-        )
-    if result.pids_limit_hits:
-        _journal_event(
-            journal,
-            spec=spec,
-            run=run,
-            event="pids_limit",
-            decision="deny",
-            reason=f"fork refused {result.pids_limit_hits} time(s) at the pids limit",
-            detail={"pids": lim.pids, "hits": result.pids_limit_hits},
-        )
-    if result.processes_killed_at_end:
-        _journal_event(
-            journal,
-            spec=spec,
-            run=run,
-            event="killed_at_teardown",
-            reason=f"{result.processes_killed_at_end} process(es) killed when the task ended",
-            detail={"count": result.processes_killed_at_end},
-        )
-    _journal_event(
-        journal,
-        spec=spec,
-        run=run,
-        event="exit",
-        reason=f"exit {result.exit} ({result.reason})",
-        detail={
-            "exit": result.exit,
-            "reason": result.reason,
-            "wall_s": round(result.wall_s, 4),
-            "peak_memory_bytes": result.peak_memory_bytes,
-        },
-    )
+    from corral.broker.actions import Identity
+    from corral.broker.journal import outcome_observations
+
+    who = Identity(run=run, session=spec.session_id, env=spec.env_kind)
+    for obs in outcome_observations(result, who, spec.limits):
+        journal.append(obs)
 
 
 def _terminal_relay(stack: contextlib.ExitStack) -> PtyRelay | None:
@@ -200,6 +160,7 @@ def _strip_setid(journal: Journal | None, run: str, spec: SandboxSpec) -> str:
 def execute(
     spec: SandboxSpec,
     *,
+    backend: BackendConfig,
     journal: str | None,
     dry_run: bool,
     interrupted_exc: type[BaseException],
@@ -210,10 +171,11 @@ def execute(
     the sandbox is killed and the status is 128 + the signal. With a journal
     (or egress, which always journals), process events are recorded too.
     """
+    sandboxes = load_backend(backend)
     if dry_run:
         from corral.sandbox.exec_cli import quote_argv
 
-        sys.stdout.write(quote_argv(preview_argv(spec)) + "\n")
+        sys.stdout.write(quote_argv(sandboxes.preview(spec)) + "\n")
         if spec.unprotect:
             sys.stderr.write(f"corral exec: unprotected: {' '.join(sorted(spec.unprotect))}\n")
         return None
@@ -251,21 +213,18 @@ def execute(
             )
             stack.callback(egress.stop)
         relay = _terminal_relay(stack)
-        sandbox = NamespaceSandbox(
-            spec,
-            network_hook=egress.attach if egress else None,
-            stdio=relay.stdio if relay is not None else None,
-            unix_observer=unix_observer(jw, spec=spec, run=run) if jw is not None else None,
-        )
-        running: RunningSandbox | None = None
+        running: Sandbox | None = None
         try:
             if relay is not None:
                 relay.start()
-            running = sandbox.start()
+            running = sandboxes.start(
+                spec,
+                network=egress.attach if egress else None,
+                stdio=relay.stdio if relay is not None else None,
+                unix_observer=unix_observer(jw, spec=spec, run=run) if jw is not None else None,
+            )
             if relay is not None:
                 relay.spawned()
-            if egress is not None:
-                running.layers["broker"] = True
             for layer, state in running.layers.items():
                 if isinstance(state, str) and state.startswith("degraded"):
                     _journal_event(
@@ -288,6 +247,7 @@ def execute(
                     running.close()
         if egress is not None:
             egress.stop()
+            result = dataclasses.replace(result, layers={**result.layers, "broker": True})
         unchecked = _strip_setid(jw, run, spec)
         created = _created_below(jw, spec=spec, run=run, running=running)
         _journal_outcome(jw, run, result, spec)

@@ -36,14 +36,15 @@ import select
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from corral.errors import CgroupError, LayerUnavailableError, SandboxStartError
 from corral.sandbox import bwrap as bw
 from corral.sandbox import mounts
 from corral.sandbox.cgroup import Cgroup, CgroupLayout, CgroupUsage, detect_layout, sweep_stale
-from corral.sandbox.spec import SandboxSpec
+from corral.sandbox.spec import ExecResult, SandboxSpec
 from corral.sandbox.terminal import stdio_without_tty
 
 # Not `typing.TYPE_CHECKING`: importing typing costs ~5 ms on every `corral exec`.
@@ -51,7 +52,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Literal
 
+    from corral.sandbox.backend import NamespaceConfig, SandboxNet
+    from corral.sandbox.netns import NetNs
     from corral.sandbox.protect import Placeholders
+    from corral.sandbox.spec import ExitReason
     from corral.sandbox.uids import UidLease
     from corral.sandbox.unix_admit import UnixConnectEvent
     from corral.sandbox.unix_supervisor import ChildInstaller as UnixChildInstaller
@@ -62,6 +66,7 @@ __all__ = [
     "SANDBOX_HOST_GID",
     "SANDBOX_HOST_UID",
     "ExecResult",
+    "NamespaceBackend",
     "NamespaceSandbox",
     "RunningSandbox",
     "landlock_rules_for",
@@ -88,37 +93,6 @@ _WRITABLE_DEV = (
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 _SRC_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
-@dataclass(frozen=True, slots=True)
-class ExecResult:
-    """How a sandboxed command ended and what it used (DESIGN.md section 5)."""
-
-    exit: int
-    reason: str
-    wall_s: float
-    cpu_s: float
-    peak_memory_bytes: int
-    processes_killed_at_end: int
-    layers: dict[str, object]
-    oom_kills: int = 0
-    pids_limit_hits: int = 0
-    message: str = ""
-    events: tuple[dict[str, object], ...] = ()
-
-    def summary(self, observations: dict[str, int] | None = None) -> dict[str, object]:
-        return {
-            "exit": self.exit,
-            "reason": self.reason,
-            "wall_s": round(self.wall_s, 4),
-            "cpu_s": round(self.cpu_s, 4),
-            "peak_memory_bytes": self.peak_memory_bytes,
-            "processes_killed_at_end": self.processes_killed_at_end,
-            "observations": observations or {"allowed": 0, "denied": 0},
-            "layers": self.layers,
-            "oom_kills": self.oom_kills,
-            "pids_limit_hits": self.pids_limit_hits,
-        }
 
 
 def _which(name: str) -> str | None:
@@ -161,14 +135,6 @@ def landlock_rules_for(spec: SandboxSpec) -> dict[str, object]:
         "scope_signal": True,
         "log_new_exec": False,
     }
-
-
-def _sysctl(path: str) -> str | None:
-    try:
-        with open(path, encoding="ascii") as fh:
-            return fh.read().strip()
-    except OSError:
-        return None
 
 
 def _passwd(home: str) -> bytes:
@@ -215,6 +181,19 @@ class _Layers:
         return False
 
 
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    bwrap: str | None
+    userns: tuple[str, str] | None
+    layout: CgroupLayout | None
+    cgroup: str | None
+    bpf: bytes | None
+    seccomp: str | None
+    abi: int
+    landlock: str | None
+    unix: str | None
+
+
 class NamespaceSandbox:
     """Starts one SandboxSpec under bubblewrap. Use `start()` once."""
 
@@ -242,45 +221,11 @@ class NamespaceSandbox:
         self.is_root = os.geteuid() == 0
 
     # -- layer checks (cheap: file reads and one syscall, no subprocess) --
-    def _check_layers(self) -> tuple[_Layers, CgroupLayout | None, bytes | None, bool, str]:
-        spec = self.spec
-        layers = _Layers()
-        bwrap_path = _which("bwrap") or ""
-        if not bwrap_path:
-            raise LayerUnavailableError(
-                "bwrap", "bwrap not found on PATH", "apt-get install bubblewrap"
-            )
-        layers.active["bwrap"] = True
-
-        userns_reason = None
-        if _sysctl("/proc/sys/user/max_user_namespaces") == "0":
-            userns_reason = "user.max_user_namespaces is 0"
-        elif _sysctl("/proc/sys/kernel/unprivileged_userns_clone") == "0":
-            userns_reason = "kernel.unprivileged_userns_clone is 0"
-        elif _sysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1":
-            userns_reason = "AppArmor restricts unprivileged user namespaces"
-        if userns_reason is not None:
-            # Without user namespaces bwrap cannot build the sandbox at all.
-            raise LayerUnavailableError("userns", userns_reason, "run `corral doctor` for the fix")
-        layers.active["userns"] = True
-        layers.active["pidns"] = True
-        layers.active["netns"] = True
+    def _facts(self) -> _Facts:
+        """What this host offers for the spec, each layer with why not (no decision)."""
+        from corral.sandbox.layers import cgroup_unwritable, userns_blocked
 
         layout = self._layout if self._layout is not None else detect_layout()
-        cg_reason: str | None = None
-        if layout is None:
-            cg_reason = "no cgroup filesystem mounted"
-        else:
-            roots = [m for _, m in layout.v1] or ([layout.unified] if layout.unified else [])
-            bad = [r for r in roots if not os.access(r, os.W_OK)]
-            if bad:
-                cg_reason = f"cgroup hierarchy {bad[0]} is not writable"
-        if layers.need(spec, "cgroup", cg_reason, "run as root or delegate a cgroup subtree"):
-            assert layout is not None
-            layers.active["cgroup"] = layout.kind
-        else:
-            layout = None
-
         bpf: bytes | None = None
         try:
             from corral.sandbox import seccomp
@@ -289,35 +234,77 @@ class NamespaceSandbox:
             seccomp_reason = None
         except Exception as exc:  # fail closed: any failure means no filter
             seccomp_reason = f"cannot build the seccomp filter: {exc}"
-        if layers.need(spec, "seccomp", seccomp_reason, "apt-get install libseccomp2"):
-            layers.active["seccomp"] = True
-        else:
-            bpf = None
-
         from corral.sandbox import landlock
 
         abi = landlock.abi_version()
         ll_reason = None if abi > 0 else "Landlock is not enabled in this kernel"
         if ll_reason is None:
             try:
-                landlock.plan(landlock.LandlockRules.from_dict(landlock_rules_for(spec)), abi)
+                landlock.plan(landlock.LandlockRules.from_dict(landlock_rules_for(self.spec)), abi)
             except landlock.LandlockError as exc:
                 ll_reason = exc.strerror or str(exc)
-        use_landlock = layers.need(spec, "landlock", ll_reason, "boot with lsm=...,landlock")
-        if use_landlock:
-            layers.active["landlock"] = abi
-        self._abi = abi
-
         from corral.sandbox import unix_supervisor
 
-        ux_reason = unix_supervisor.unavailable_reason()
-        if layers.need(spec, "unix", ux_reason, "Linux >= 5.9 with seccomp user notification"):
-            layers.active["unix"] = True
+        return _Facts(
+            bwrap=_which("bwrap"),
+            userns=userns_blocked(),
+            layout=layout,
+            cgroup=cgroup_unwritable(layout),
+            bpf=bpf,
+            seccomp=seccomp_reason,
+            abi=abi,
+            landlock=ll_reason,
+            unix=unix_supervisor.unavailable_reason(),
+        )
 
-        use_idmap = self.is_root
-        if use_idmap:
+    def check(self) -> dict[str, str | None]:
+        """Each layer the spec needs -> None when this host offers it, else why not."""
+        f = self._facts()
+        return {
+            "bwrap": None if f.bwrap else "bwrap not found on PATH",
+            "userns": f.userns[0] if f.userns else None,
+            "cgroup": f.cgroup,
+            "seccomp": f.seccomp,
+            "landlock": f.landlock,
+            "unix": f.unix,
+        }
+
+    def _check_layers(self) -> tuple[_Layers, CgroupLayout | None, bytes | None, bool, str]:
+        spec = self.spec
+        f = self._facts()
+        layers = _Layers()
+        if not f.bwrap:
+            raise LayerUnavailableError(
+                "bwrap", "bwrap not found on PATH", "apt-get install bubblewrap"
+            )
+        layers.active["bwrap"] = True
+        if f.userns is not None:
+            # Without user namespaces bwrap cannot build the sandbox at all.
+            raise LayerUnavailableError("userns", *f.userns)
+        layers.active["userns"] = True
+        layers.active["pidns"] = True
+        layers.active["netns"] = True
+
+        layout = f.layout
+        if layers.need(spec, "cgroup", f.cgroup, "run as root or delegate a cgroup subtree"):
+            assert layout is not None
+            layers.active["cgroup"] = layout.kind
+        else:
+            layout = None
+        bpf = f.bpf
+        if layers.need(spec, "seccomp", f.seccomp, "apt-get install libseccomp2"):
+            layers.active["seccomp"] = True
+        else:
+            bpf = None
+        use_landlock = layers.need(spec, "landlock", f.landlock, "boot with lsm=...,landlock")
+        if use_landlock:
+            layers.active["landlock"] = f.abi
+        self._abi = f.abi
+        if layers.need(spec, "unix", f.unix, "Linux >= 5.9 with seccomp user notification"):
+            layers.active["unix"] = True
+        if self.is_root:
             layers.active["idmap"] = True
-        return layers, layout, bpf, use_landlock, bwrap_path
+        return layers, layout, bpf, use_landlock, f.bwrap
 
     def _validate(self) -> None:
         spec = self.spec
@@ -380,17 +367,12 @@ class NamespaceSandbox:
                 status_fd=status_w,
                 hold_fd=hold_r,
             )
-            data_files: list[tuple[str, int]] = []
-            for dest, content in (
-                ("/etc/passwd", _passwd(spec.home)),
-                ("/etc/group", _group()),
-                ("/etc/hosts", _hosts(spec.hostname)),
-                *init_files,
-            ):
+            data_fds: list[int] = []
+            for dest, content in _data_files(spec, init_files):
                 fd = _memfd(os.path.basename(dest), content)
                 fds_to_close.append(fd)
                 pass_fds.append(fd)
-                data_files.append((dest, fd))
+                data_fds.append(fd)
 
             seccomp_fd = None
             if bpf is not None:
@@ -407,8 +389,8 @@ class NamespaceSandbox:
                 fds_to_close += [info_fd, block_r]
                 pass_fds += [info_fd, block_r]
 
-            staged: list[bw.StagedBind] = []
-            binds = [(spec.workspace, True), *((b.path, b.writable) for b in spec.binds)]
+            binds = _binds(spec)
+            staged = _staged(binds, root=self.is_root)
             userns_fd = -1
             host_uid, host_gid = SANDBOX_HOST_UID, SANDBOX_HOST_GID
             if self.is_root:
@@ -418,10 +400,6 @@ class NamespaceSandbox:
                 host_uid, host_gid = lease.uid, lease.gid
                 userns_fd = mounts.make_userns_fd(os.getuid(), os.getgid(), host_uid, host_gid)
                 fds_to_close.append(userns_fd)
-                for i, (path, writable) in enumerate(binds):
-                    staged.append(bw.StagedBind(mounts.staged_path(i), path, writable))
-            else:
-                staged = [bw.StagedBind(p, p, w) for p, w in binds]
             protect_binds: tuple[bw.StagedBind, ...] = ()
             if spec.protect:
                 from corral.sandbox.protect import start_protection
@@ -429,17 +407,12 @@ class NamespaceSandbox:
                 protect_binds, placeholders = start_protection(spec, staged, cache_dir())
                 layers.active["protect"] = placeholders.summary
 
-            plan = bw.BwrapPlan(
+            plan = bwrap_plan(
+                spec,
                 bwrap=bwrap_path,
-                spec=spec,
-                system_links=_system_links(),
-                etc_entries=_etc_entries(),
-                binds=tuple(staged),
-                data_files=tuple(data_files),
-                init_argv=init_argv,
-                ro_binds=init_binds,
-                sandbox_uid=INSIDE_UID,
-                sandbox_gid=INSIDE_UID,
+                staged=staged,
+                init=(init_argv, init_files, init_binds),
+                data_fds=data_fds,
                 seccomp_fd=seccomp_fd,
                 info_fd=info_fd,
                 block_fd=block_r,
@@ -612,7 +585,7 @@ def decide_exit(
     oom_kills: int,
     timed_out: bool,
     interrupted: int,
-) -> tuple[int, str, str]:
+) -> tuple[int, ExitReason, str]:
     """(exit status, reason, message) of a finished sandbox (pure).
 
     The status is bwrap's (`host_code`, from its monitor outside the
@@ -630,8 +603,10 @@ def decide_exit(
         if host_code == 128 + signal.SIGKILL and oom_kills > 0:
             return host_code, "oom", ""
         if err_ev is not None and err_ev.get("code") == host_code:
-            reason = "refused" if host_code == 125 else "exited"
-            return host_code, reason, str(err_ev.get("message", ""))
+            message = str(err_ev.get("message", ""))
+            if host_code == 125:
+                return host_code, "refused", message
+            return host_code, "exited", message
         said = exit_ev.get("code") if exit_ev is not None else None
         if (exit_ev is not None and said != host_code) or (host_code == 0 and exit_ev is None):
             return (
@@ -649,6 +624,54 @@ def decide_exit(
     if bwrap_rc is not None and bwrap_rc < 0:
         return 128 - bwrap_rc, "killed", ""
     return 125, "refused", f"the sandbox failed to start (bwrap exit status {bwrap_rc})"
+
+
+def exec_result(
+    *,
+    events: list[dict[str, object]],
+    host_code: int | None,
+    bwrap_rc: int | None,
+    usage: CgroupUsage | None,
+    leftovers: int,
+    wall_s: float,
+    layers: dict[str, object],
+    timed_out: bool,
+    interrupted: int,
+) -> ExecResult:
+    """The report of a finished namespace sandbox from what the host collected (pure).
+
+    `events` are the init's (untrusted: they only add a reason or message,
+    `decide_exit`); the numbers are the kernel's counters and the host's
+    leftover count.
+    """
+    exits = [e for e in events if e.get("event") == "exit"]
+    # The init writes one exit event; several mean one was written for it.
+    several: dict[str, object] = {"event": "exit", "code": None}
+    exit_ev = exits[0] if len(exits) == 1 else several if exits else None
+    err_ev = next((e for e in events if e.get("event") == "error"), None)
+    oom = usage.oom_kills if usage else 0
+    code, reason, message = decide_exit(
+        host_code=host_code,
+        bwrap_rc=bwrap_rc,
+        exit_ev=exit_ev,
+        err_ev=err_ev,
+        oom_kills=oom,
+        timed_out=timed_out,
+        interrupted=interrupted,
+    )
+    return ExecResult(
+        exit=code,
+        reason=reason,
+        wall_s=wall_s,
+        cpu_s=usage.cpu_s if usage else 0.0,
+        peak_memory_bytes=usage.peak_memory_bytes if usage else 0,
+        processes_killed_at_end=leftovers,
+        layers=layers,
+        oom_kills=oom,
+        pids_limit_hits=usage.pids_limit_hits if usage else 0,
+        message=message,
+        events=tuple(events),
+    )
 
 
 def count_leftovers(
@@ -737,7 +760,7 @@ class RunningSandbox:
         self._status_fd = status_fd
         self._hold_fd = hold_fd
         self._bwrap_fd = bwrap_status_fd
-        self.layers = layers
+        self._layers = layers
         self.started = started
         self.spec = spec
         self._status_buf = b""
@@ -749,6 +772,8 @@ class RunningSandbox:
         self._closed = False
         self._leftovers: int | None = None
         self.unix_supervisor: UnixSupervisor | None = None
+        #: Held references to the network namespace (`NetNs`), released by close().
+        self.nets: list[NetNs] = []
         os.set_blocking(status_fd, False)
         if bwrap_status_fd >= 0:
             os.set_blocking(bwrap_status_fd, False)
@@ -756,6 +781,11 @@ class RunningSandbox:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    @property
+    def layers(self) -> Mapping[str, object]:
+        """The protection layers that are active (read-only)."""
+        return MappingProxyType(self._layers)
 
     @staticmethod
     def _read_lines(fd: int, buf: bytes) -> tuple[list[bytes], bytes, bool]:
@@ -808,14 +838,15 @@ class RunningSandbox:
             self.proc.kill()
 
     def freeze(self) -> None:
-        if self.cgroup is None or "freezer" not in self.cgroup.dirs:
-            raise CgroupError(0, "freezer unavailable")
-        _write_text(os.path.join(self.cgroup.dirs["freezer"], "freezer.state"), "FROZEN")
+        """Stop every process of the sandbox (the cgroup freezer, v1 or v2)."""
+        if self.cgroup is None:
+            raise CgroupError(0, "no cgroup: the sandbox cannot be frozen")
+        self.cgroup.freeze()
 
     def thaw(self) -> None:
-        if self.cgroup is None or "freezer" not in self.cgroup.dirs:
-            raise CgroupError(0, "freezer unavailable")
-        _write_text(os.path.join(self.cgroup.dirs["freezer"], "freezer.state"), "THAWED")
+        if self.cgroup is None:
+            raise CgroupError(0, "no cgroup: the sandbox cannot be thawed")
+        self.cgroup.thaw()
 
     def _release(self) -> None:
         if self._hold_fd >= 0:
@@ -879,34 +910,16 @@ class RunningSandbox:
             self.cgroup.wait_empty(10.0)
         usage = self.usage()
         self._drain_status()
-        wall = time.monotonic() - self.started
-        exits = [e for e in self.events if e.get("event") == "exit"]
-        # The init writes one exit event; several mean one was written for it.
-        several: dict[str, object] = {"event": "exit", "code": None}
-        exit_ev = exits[0] if len(exits) == 1 else several if exits else None
-        err_ev = next((e for e in self.events if e.get("event") == "error"), None)
-        oom = usage.oom_kills if usage else 0
-        code, reason, message = decide_exit(
+        return exec_result(
+            events=self.events,
             host_code=self.bwrap_status.get("exit-code"),
             bwrap_rc=self.proc.returncode,
-            exit_ev=exit_ev,
-            err_ev=err_ev,
-            oom_kills=oom,
+            usage=usage,
+            leftovers=self._leftovers or 0,
+            wall_s=time.monotonic() - self.started,
+            layers=dict(self._layers),
             timed_out=timed_out,
             interrupted=interrupted,
-        )
-        return ExecResult(
-            exit=code,
-            reason=reason,
-            wall_s=wall,
-            cpu_s=usage.cpu_s if usage else 0.0,
-            peak_memory_bytes=usage.peak_memory_bytes if usage else 0,
-            processes_killed_at_end=self._leftovers or 0,
-            layers=self.layers,
-            oom_kills=oom,
-            pids_limit_hits=usage.pids_limit_hits if usage else 0,
-            message=message,
-            events=tuple(self.events),
         )
 
     def _count_leftovers(self) -> None:
@@ -944,6 +957,8 @@ class RunningSandbox:
                 self.cgroup.remove()
                 emptied = True
         finally:
+            for net in self.nets:
+                net.close()
             if self.unix_supervisor is not None:
                 self.unix_supervisor.close()
             for fd in (self._status_fd, self._bwrap_fd):
@@ -956,6 +971,57 @@ class RunningSandbox:
                 self.uid_lease.close(clean=emptied)
             if self.placeholders is not None:
                 self.placeholders.release()
+
+
+class NamespaceBackend:
+    """The `namespace` backend behind the `Backend` Protocol (`sandbox/backend.py`)."""
+
+    kind = "namespace"
+
+    def __init__(self, config: NamespaceConfig) -> None:
+        self.config = config
+
+    def check(self, spec: SandboxSpec) -> dict[str, str | None]:
+        return NamespaceSandbox(spec).check()
+
+    def start(
+        self,
+        spec: SandboxSpec,
+        *,
+        parent_cgroup: str | None = None,
+        network: Callable[[SandboxNet], None] | None = None,
+        stdio: tuple[int | None, int | None, int | None] | None = None,
+        unix_observer: Callable[[UnixConnectEvent], None] | None = None,
+    ) -> RunningSandbox:
+        nets: list[NetNs] = []
+        hook: Callable[[int], None] | None = None
+        if network is not None:
+            from corral.sandbox.netns import NetNs
+
+            def hook(pid: int) -> None:
+                # bwrap's child-pid: its namespaces exist, the command has not run yet.
+                net = NetNs(pid)
+                nets.append(net)
+                network(net)
+
+        try:
+            running = NamespaceSandbox(
+                spec,
+                cgroup_parent=parent_cgroup or "corral",
+                network_hook=hook,
+                init_kind=self.config.init_kind,
+                stdio=stdio,
+                unix_observer=unix_observer,
+            ).start()
+        except BaseException:
+            for net in nets:
+                net.close()
+            raise
+        running.nets += nets
+        return running
+
+    def preview(self, spec: SandboxSpec) -> list[str]:
+        return preview_argv(spec)
 
 
 def init_command(
@@ -1010,6 +1076,69 @@ def init_command(
     return argv, files, ()
 
 
+def _binds(spec: SandboxSpec) -> list[tuple[str, bool]]:
+    """(host path, writable) of every tree the sandbox sees, the workspace first."""
+    return [(spec.workspace, True), *((b.path, b.writable) for b in spec.binds)]
+
+
+def _staged(binds: list[tuple[str, bool]], *, root: bool) -> tuple[bw.StagedBind, ...]:
+    # As root every tree is first staged as an idmapped clone (`mounts`), and
+    # bwrap binds the clone; otherwise it binds the host path itself.
+    return tuple(
+        bw.StagedBind(mounts.staged_path(i) if root else p, p, w) for i, (p, w) in enumerate(binds)
+    )
+
+
+def _data_files(spec: SandboxSpec, init_files: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    """The files bwrap places from descriptors: (destination, content)."""
+    return [
+        ("/etc/passwd", _passwd(spec.home)),
+        ("/etc/group", _group()),
+        ("/etc/hosts", _hosts(spec.hostname)),
+        *init_files,
+    ]
+
+
+def bwrap_plan(
+    spec: SandboxSpec,
+    *,
+    bwrap: str,
+    staged: tuple[bw.StagedBind, ...],
+    init: tuple[tuple[str, ...], list[tuple[str, bytes]], tuple[tuple[str, str], ...]],
+    data_fds: list[int],
+    seccomp_fd: int | None,
+    json_status_fd: int,
+    info_fd: int | None = None,
+    block_fd: int | None = None,
+    protect_binds: tuple[bw.StagedBind, ...] = (),
+) -> bw.BwrapPlan:
+    """The one place the bwrap plan is built, for `start()` and for `--dry-run`.
+
+    `init` is `init_command`'s result; `data_fds` hold `_data_files` in order.
+    """
+    init_argv, init_files, init_binds = init
+    dests = [d for d, _ in _data_files(spec, init_files)]
+    if len(dests) != len(data_fds):
+        raise SandboxStartError(0, f"{len(dests)} data files but {len(data_fds)} descriptors")
+    return bw.BwrapPlan(
+        bwrap=bwrap,
+        spec=spec,
+        system_links=_system_links(),
+        etc_entries=_etc_entries(),
+        binds=staged,
+        data_files=tuple(zip(dests, data_fds, strict=True)),
+        init_argv=init_argv,
+        ro_binds=init_binds,
+        sandbox_uid=INSIDE_UID,
+        sandbox_gid=INSIDE_UID,
+        seccomp_fd=seccomp_fd,
+        info_fd=info_fd,
+        block_fd=block_fd,
+        json_status_fd=json_status_fd,
+        protect_binds=protect_binds,
+    )
+
+
 def preview_argv(spec: SandboxSpec, *, root: bool | None = None) -> list[str]:
     """The bwrap argv `start()` would use, with placeholder descriptor numbers."""
     from corral.sandbox import landlock
@@ -1017,25 +1146,16 @@ def preview_argv(spec: SandboxSpec, *, root: bool | None = None) -> list[str]:
     from corral.sandbox.protect import preview_protection
 
     root = os.geteuid() == 0 if root is None else root
-    binds = [(spec.workspace, True), *((b.path, b.writable) for b in spec.binds)]
-    staged = [
-        bw.StagedBind(mounts.staged_path(i) if root else p, p, w) for i, (p, w) in enumerate(binds)
-    ]
-    init_argv, init_files, init_binds = init_command(
+    staged = _staged(_binds(spec), root=root)
+    init = init_command(
         spec, binary=init_binary(cache_dir()), abi=landlock.abi_version(), status_fd=3, hold_fd=4
     )
-    dests = ["/etc/passwd", "/etc/group", "/etc/hosts", *(d for d, _ in init_files)]
-    plan = bw.BwrapPlan(
+    plan = bwrap_plan(
+        spec,
         bwrap=_which("bwrap") or "bwrap",
-        spec=spec,
-        system_links=_system_links(),
-        etc_entries=_etc_entries(),
-        binds=tuple(staged),
-        data_files=tuple((d, 10 + i) for i, d in enumerate(dests)),
-        init_argv=init_argv,
-        ro_binds=init_binds,
-        sandbox_uid=INSIDE_UID,
-        sandbox_gid=INSIDE_UID,
+        staged=staged,
+        init=init,
+        data_fds=[10 + i for i in range(len(_data_files(spec, init[1])))],
         seccomp_fd=15,
         json_status_fd=5,
         protect_binds=preview_protection(spec, staged) if spec.protect else (),

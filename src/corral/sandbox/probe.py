@@ -6,13 +6,14 @@ are cached for the life of the process.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
 import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+
+from corral.sandbox.layers import sysctl as _read
 
 __all__ = [
     "REQUIRED_LAYERS",
@@ -34,8 +35,6 @@ __all__ = [
     "probe_userns",
 ]
 
-_SYS_LANDLOCK_CREATE_RULESET = 444
-_LANDLOCK_CREATE_RULESET_VERSION = 1
 # A uid no account uses; probes that must run unprivileged drop to it.
 PROBE_UID = 65534
 
@@ -49,14 +48,6 @@ class LayerStatus:
     reason: str
     hint: str = ""
     detail: dict[str, str] = field(default_factory=dict)
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="ascii") as fh:
-            return fh.read().strip()
-    except OSError:
-        return None
 
 
 @functools.cache
@@ -108,31 +99,12 @@ def _unprivileged(cmd: list[str]) -> tuple[bool, str]:
 
 @functools.cache
 def probe_userns() -> LayerStatus:
+    from corral.sandbox.layers import userns_blocked
+
+    blocked = userns_blocked()
+    if blocked is not None:
+        return LayerStatus("userns", False, *blocked)
     max_ns = _read("/proc/sys/user/max_user_namespaces")
-    if max_ns == "0":
-        return LayerStatus(
-            "userns",
-            False,
-            "user.max_user_namespaces is 0",
-            "sysctl -w user.max_user_namespaces=10000",
-        )
-    clone = _read("/proc/sys/kernel/unprivileged_userns_clone")
-    if clone == "0":
-        return LayerStatus(
-            "userns",
-            False,
-            "kernel.unprivileged_userns_clone is 0",
-            "sysctl -w kernel.unprivileged_userns_clone=1",
-        )
-    aa = _read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
-    if aa == "1":
-        return LayerStatus(
-            "userns",
-            False,
-            "AppArmor restricts unprivileged user namespaces",
-            "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0 "
-            "or add an AppArmor profile for bwrap",
-        )
     unshare = shutil.which("unshare")
     if unshare is None:
         return LayerStatus(
@@ -202,7 +174,6 @@ def probe_cgroup() -> LayerStatus:
                 "enable them in the parent's cgroup.subtree_control",
                 detail,
             )
-        writable = os.access(root, os.W_OK)
         detail["controllers"] = " ".join(ctrls)
     else:
         missing = [c for c in ("memory", "pids", "cpu", "freezer") if c not in mounts]
@@ -214,15 +185,17 @@ def probe_cgroup() -> LayerStatus:
                 "mount the missing v1 controllers",
                 detail,
             )
-        writable = all(os.access(mounts[c], os.W_OK) for c in ("memory", "pids", "cpu", "freezer"))
         memsw = os.path.exists(os.path.join(mounts["memory"], "memory.memsw.limit_in_bytes"))
         detail["memsw"] = "yes" if memsw else "no"
         detail["controllers"] = " ".join(sorted(c for c in mounts if c != "unified"))
-    if not writable:
+    from corral.sandbox.layers import cgroup_unwritable
+
+    unwritable = cgroup_unwritable(layout)
+    if unwritable is not None:
         return LayerStatus(
             "cgroup",
             False,
-            f"cgroup {kind} hierarchy is not writable by uid {os.geteuid()}",
+            unwritable,
             "run as root or delegate a cgroup subtree",
             detail,
         )
@@ -233,19 +206,9 @@ def probe_cgroup() -> LayerStatus:
 
 def landlock_abi() -> int:
     """The kernel's Landlock ABI version, or 0 when Landlock is unavailable."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        abi = int(
-            libc.syscall(
-                _SYS_LANDLOCK_CREATE_RULESET,
-                None,
-                ctypes.c_size_t(0),
-                ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION),
-            )
-        )
-    except (OSError, AttributeError):
-        return 0
-    return max(abi, 0)
+    from corral.sandbox.landlock import abi_version
+
+    return abi_version()
 
 
 @functools.cache

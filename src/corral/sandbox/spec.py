@@ -1,7 +1,8 @@
 """What a sandbox is asked to be: pure, frozen data shared by every backend.
 
 A `SandboxSpec` says what the sandboxed command sees and may use; a backend
-turns it into processes. Nothing here does I/O.
+turns it into processes and reports how they ended as an `ExecResult`.
+Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "DEFAULT_PATH",
+    "EXIT_REASONS",
     "LAYERS",
     "Bind",
+    "ExecResult",
     "Limits",
     "NetworkSpec",
     "SandboxSpec",
@@ -23,6 +26,7 @@ if TYPE_CHECKING:
     from typing import Literal
 
     EnvKind = Literal["exec", "agent", "product", "verifier"]
+    ExitReason = Literal["exited", "killed", "timeout", "oom", "refused"]
 
 #: Protection layers a user may explicitly run without (`--allow-degraded`).
 #: bubblewrap, user namespaces and the init are not among them: without
@@ -94,3 +98,46 @@ class SandboxSpec:
     unprotect: frozenset[str] = frozenset()
     #: `--allow-unix`: host unix sockets (inside a mounted tree) the sandbox may connect to.
     allow_unix: tuple[str, ...] = ()
+
+
+#: How a sandbox can end (`ExecResult.reason`): the command exited by itself;
+#: it (or the sandbox) was killed by a signal; the wall-clock limit; the
+#: memory limit's OOM killer; the sandbox refused or failed to run it (125).
+EXIT_REASONS: tuple[str, ...] = ("exited", "killed", "timeout", "oom", "refused")
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    """How a sandboxed command ended and what it used (`docs/design.md` section 5).
+
+    Every backend reports this; the numbers come from the host's side of the
+    boundary (the backend's monitor and the kernel's counters), never from
+    the sandbox. `exit` follows the shell's conventions: n, 124 timeout,
+    128+signal killed (137 also for "oom"), 125 refused.
+    """
+
+    exit: int
+    reason: ExitReason
+    wall_s: float
+    cpu_s: float
+    peak_memory_bytes: int
+    processes_killed_at_end: int
+    layers: dict[str, object]
+    oom_kills: int = 0
+    pids_limit_hits: int = 0
+    message: str = ""
+    events: tuple[dict[str, object], ...] = ()
+
+    def summary(self, observations: dict[str, int] | None = None) -> dict[str, object]:
+        return {
+            "exit": self.exit,
+            "reason": self.reason,
+            "wall_s": round(self.wall_s, 4),
+            "cpu_s": round(self.cpu_s, 4),
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "processes_killed_at_end": self.processes_killed_at_end,
+            "observations": observations or {"allowed": 0, "denied": 0},
+            "layers": dict(self.layers),
+            "oom_kills": self.oom_kills,
+            "pids_limit_hits": self.pids_limit_hits,
+        }

@@ -120,8 +120,15 @@ if sys.argv[1] == "start":
     r.wait(30)
     r.close()
 else:
+    from corral.sandbox.backend_config import NamespaceConfig
     from corral.sandbox.exec_run import execute
-    execute(spec, journal=None, dry_run=False, interrupted_exc=KeyboardInterrupt)
+    execute(
+        spec,
+        backend=NamespaceConfig(),
+        journal=None,
+        dry_run=False,
+        interrupted_exc=KeyboardInterrupt,
+    )
 print("subreaper" if is_subreaper() else "not-subreaper")
 """
 

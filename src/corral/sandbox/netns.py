@@ -1,0 +1,97 @@
+"""A namespace sandbox's loopback from the host: sockets created in its network namespace.
+
+The sandbox has no network device besides its own loopback. Corral (root)
+creates sockets *inside* its network namespace: `setns(CLONE_NEWNET)` on the
+calling thread, `socket()`, `setns` back. A socket belongs to the namespace
+it was created in, whatever thread or process uses it later, so a listening
+socket handed to the broker serves the sandbox's 127.0.0.1 and nothing else.
+`NetNs` is the namespace backend's `SandboxNet`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import socket
+import threading
+
+from corral.errors import SandboxStartError
+
+__all__ = ["NetNs", "listen_on"]
+
+_CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+# setns() changes the calling thread only; the lock keeps two threads of the
+# coordinator from interleaving their enter/leave pairs on shared state.
+_ns_lock = threading.Lock()
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, _CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise SandboxStartError(err, f"setns(CLONE_NEWNET): {os.strerror(err)}")
+
+
+def listen_on(sock: socket.socket, port: int) -> socket.socket:
+    """`sock` listening on 127.0.0.1:`port` of its namespace; closed on failure."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(256)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class NetNs:
+    """A held reference to a sandbox's network namespace (valid after its pid is gone).
+
+    Holding the descriptor keeps the namespace alive, not the sandbox: once
+    the sandbox is torn down its loopback has no listener left, so `connect`
+    is refused. `close()` is idempotent.
+    """
+
+    def __init__(self, pid: int) -> None:
+        try:
+            self._fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise SandboxStartError(exc.errno, f"sandbox network namespace gone: {exc}") from exc
+
+    def _socket(self) -> socket.socket:
+        if self._fd < 0:
+            raise SandboxStartError(0, "the sandbox's network namespace was released")
+        with _ns_lock:
+            own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                _setns(self._fd)
+                try:
+                    return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                finally:
+                    # Back before anything else runs on this thread.
+                    _setns(own)
+            finally:
+                os.close(own)
+
+    def listen(self, port: int) -> socket.socket:
+        """A socket listening on the sandbox's 127.0.0.1:`port`."""
+        return listen_on(self._socket(), port)
+
+    def connect(self, port: int, timeout_s: float = 10.0) -> socket.socket:
+        """A socket connected to the sandbox's 127.0.0.1:`port` (OSError when refused)."""
+        sock = self._socket()
+        try:
+            sock.settimeout(timeout_s)
+            sock.connect(("127.0.0.1", port))
+            sock.settimeout(None)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1

@@ -1,0 +1,65 @@
+"""The backends the conformance suite runs against: one line each.
+
+A backend joins the suite by adding one `Case` to `CASES` (its marker skips
+it where the host lacks it; `CORRAL_REQUIRE_ALL=1` turns that skip into a
+failure). `isolates=False` (the fake) runs the contract tests only, never
+the guarantee tests; `not_applicable` names contract tests a backend cannot
+keep, with the reason the skip shows.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import pytest
+
+from corral.sandbox.backend import Backend, NamespaceConfig
+from tests.fakes.fake_backend import FakeBackend
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    make: Callable[[], Backend]
+    marks: tuple[pytest.MarkDecorator, ...] = ()
+    isolates: bool = True
+    not_applicable: Mapping[str, str] = field(default_factory=dict)
+    #: Host-side cgroups an owner pid left behind (backends with their own cgroups).
+    leftover_cgroups: Callable[[int], list[str]] = lambda _pid: []
+
+
+def _namespace_cgroups(owner: int) -> list[str]:
+    from corral.sandbox.cgroup import detect_layout
+
+    layout = detect_layout()
+    if layout is None:
+        return []
+    roots = [m for _, m in layout.v1] + ([layout.unified] if layout.unified else [])
+    out: list[str] = []
+    for root in roots:
+        base = os.path.join(root, "corral")
+        if os.path.isdir(base):
+            out += [os.path.join(base, n) for n in os.listdir(base) if f"-{owner}-" in n]
+    return out
+
+
+_FAKE_NA = {
+    "oom": "the fake has no memory limit (no cgroup)",
+    "owner_killed": "the fake's host processes do not die with their owner",
+}
+
+CASES: tuple[Case, ...] = (
+    Case(
+        "namespace",
+        NamespaceConfig().load,
+        marks=(pytest.mark.requires_sandbox,),
+        leftover_cgroups=_namespace_cgroups,
+    ),
+    Case("fake", FakeBackend, isolates=False, not_applicable=_FAKE_NA),
+)
+
+
+def by_name(name: str) -> Case:
+    return next(c for c in CASES if c.name == name)
