@@ -260,7 +260,7 @@ class AgentResult:
 
 
 class HasSyntheticModel(Protocol):
-    """The one thing `corral.agents.runner.launch_request` needs of an agent."""
+    """The one thing `corral.agents.launch.launch_request` needs of an agent."""
 
     @property
     def synthetic_model(self) -> str | None:

@@ -187,10 +187,10 @@ def _dry_run(
 ) -> str:
     from corral.agents.base import DEFAULT_HOME, McpEndpoint
     from corral.agents.install import default_tools_dir, executable_path
+    from corral.agents.launch import SANDBOX_BROKER, launch_request
     from corral.agents.mcp_policy import McpPolicy
     from corral.agents.registry import get_adapter
     from corral.agents.routes import MCP_ROUTE, check_compatible, parse_provider
-    from corral.agents.runner import SANDBOX_BROKER, launch_request
 
     adapter = get_adapter(agent)
     choice = parse_provider(provider)

@@ -5,7 +5,7 @@ The coordinator codes against `RunAgent`: a `corral.agents` adapter
 both pure, and `synthetic_model`) plus `install()`: where its executable is on
 the host and which host paths the agent sandbox must see read-only to run it.
 The coordinator builds each session's request with
-`corral.agents.runner.launch_request`, as `corral agent run` does, so a CLI is
+`corral.agents.launch.launch_request`, as `corral agent run` does, so a CLI is
 configured the same way in both (e.g. Codex asks the synthetic provider for
 `corral-synthetic` and gets its one-entry model catalog).
 

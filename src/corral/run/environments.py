@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral.agents.base import DEFAULT_HOME, HasSyntheticModel, Launch, LaunchRequest
+from corral.agents.launch import launch_request
 from corral.agents.routes import ProviderChoice, provider_route
-from corral.agents.runner import launch_request
 from corral.broker.config import BrokerConfig, RouteConfig
 from corral.run.mission import Check, Mission, ProviderRef
 from corral.sandbox.egress import sandbox_proxy_env
@@ -166,7 +166,7 @@ def agent_request(
 ) -> LaunchRequest:
     """What the agent's adapter launches in a session: `corral agent run`'s request.
 
-    Built by `corral.agents.runner.launch_request`, so the mission's `model`,
+    Built by `corral.agents.launch.launch_request`, so the mission's `model`,
     else the adapter's synthetic model for a synthetic provider, else the CLI's
     default; the provider at the broker route; no MCP servers (not wired yet).
     """

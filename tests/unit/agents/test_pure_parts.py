@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from corral.agents import tomlw
 from corral.agents.base import AgentResult, ConfigFile, Launch, McpEndpoint, Usage, single_quote
 from corral.agents.install import default_tools_dir, executable_path, npm_install_argv
+from corral.agents.launch import exec_argv, finalize, parse_exec_summary
 from corral.agents.mcp_gateway import denial_text, server_argv
 from corral.agents.mcp_policy import McpServerConfig
 from corral.agents.registry import ADAPTERS, get_adapter
@@ -24,7 +25,6 @@ from corral.agents.routes import (
     provider_route,
     route_secret_env,
 )
-from corral.agents.runner import exec_argv, finalize, parse_exec_summary
 from corral.broker.config import BrokerConfig
 from corral.broker.policy import Decision
 from corral.errors import AgentError, ConfigError, UsageError
