@@ -74,6 +74,9 @@ def server_argv(
         argv += ["--ro", path]
     for dest in cfg.allow_egress:
         argv += ["--allow", dest]
+    # corral exec gives the sandbox an allowlisted environment, not its own.
+    for name, value in sorted(cfg.env.items()):
+        argv += ["--setenv", f"{name}={value}"]
     if journal is not None:
         argv += ["--journal", journal]
     return [*argv, "--", *cfg.command]
@@ -249,7 +252,13 @@ class McpGateway:
         )
         errlog = open(self.scratch / f"{name}.stderr", "a", encoding="utf-8")  # noqa: SIM115
         self._logs.append(errlog)
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **cfg.env}
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        if self.sandbox:
+            # corral itself is started here: it must import this corral.
+            if "PYTHONPATH" in os.environ:
+                env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        else:
+            env.update(cfg.env)
         params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=str(workspace))
         self.journal.append(
             Observation.of(
