@@ -23,6 +23,7 @@ Agents:
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -110,6 +111,8 @@ class ScriptAgent:
             "CORRAL_MODEL": request.provider.model or "mock-model",
             "PYTHONDONTWRITEBYTECODE": "1",
         }
+        if request.mcp:
+            env["CORRAL_MCP_SERVERS"] = json.dumps({m.name: m.url for m in request.mcp})
         return Launch(
             argv=("/usr/bin/python3", "-I", request.executable, *request.extra_args),
             env=env_pairs(env),

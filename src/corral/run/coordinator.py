@@ -551,7 +551,7 @@ class Coordinator:
             journal_path=self.layout.journal,
             stdout=self.layout.agent_stdout(n),
             stderr=self.layout.agent_stderr(n),
-            mcp_dir=self.layout.session_dir(n) / "mcp",
+            mcp_dir=self.layout.mcp_dir(n),
             wall_s=self.mission.settings.session.wall_time,
             mcp=self.mission.mcp_policy() if self.mission.settings.mcp.servers else None,
             parent_cgroup=cg.relpath,

@@ -115,6 +115,12 @@ class RunLayout:
     def agent_stderr(self, n: int) -> Path:
         return self.session_dir(n) / "agent.stderr.log"
 
+    def mcp_dir(self, n: int) -> Path:
+        """The MCP servers' directories of session `n` (`NAME/` each, writable by that
+        server) and their logs. Outside the run directory: no part of a run but
+        its workspace is ever handed to a sandbox."""
+        return self.root.parent / ".mcp" / self.root.name / f"session-{n}"
+
     def product_dir(self, n: int) -> Path:
         return self.session_dir(n) / "product"
 

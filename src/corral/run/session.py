@@ -237,7 +237,7 @@ def _start_gateway(plan: SessionPlan, journal: Journal, stack: contextlib.ExitSt
     from corral.agents.mcp_gateway import McpGateway
 
     assert plan.mcp is not None
-    plan.mcp_dir.mkdir(parents=True, exist_ok=True)
+    plan.mcp_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     gateway = McpGateway(
         plan.mcp,
         journal,
