@@ -181,3 +181,71 @@ def test_sigkill_of_the_coordinator_leaves_no_mcp_server(tmp_path: Path) -> None
             proc.wait()
     # Without `corral resume`: the server's sandbox is torn down on its own.
     wait_for(lambda: not _procs(demo), 30, "every process of the MCP server to end")
+
+
+CLAUDE_SCENARIO = """name: claude-mcp-in-run
+turns:
+  - calls:
+      - mcp: {server: demo, tool: write_marker, arguments: {name: marker, text: from-claude}}
+  - calls: [{mcp: {server: demo, tool: shred, arguments: {path: /}}}]
+  - calls: [{shell: "while [ ! -f release ]; do sleep 0.05; done; echo ok > fixed"}]
+  - say: "done"
+"""
+
+
+@pytest.mark.requires_npm
+@pytest.mark.slow
+def test_claude_code_calls_a_mission_mcp_tool_through_the_gateway(tmp_path: Path) -> None:
+    from corral.agents.install import executable_path
+    from corral.agents.registry import ADAPTERS
+    from corral.run.agent_port import tools_dir
+
+    if not executable_path(ADAPTERS["claude-code"], tools_dir()).exists():
+        reason = "claude-code is not installed: run scripts/install-agents.sh claude-code"
+        if os.environ.get("CORRAL_REQUIRE_ALL") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    mission, demo = _mission(tmp_path / "m")
+    (tmp_path / "m" / "scenario.yaml").write_text(CLAUDE_SCENARIO)
+    rid = new_id()
+    run_dir = tmp_path / "runs" / rid
+    server_dir = run_dir.parent / ".mcp" / rid / "session-1" / "demo"
+    proc = start_corral(
+        "run",
+        str(mission),
+        "--agent",
+        "claude-code",
+        "--plain",
+        "--id",
+        rid,
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        cwd=tmp_path,
+    )
+    try:
+        wait_for((server_dir / "marker").exists, 60, "the MCP tool's marker")
+        pid = _server_pid(demo)
+        assert pid is not None, "the MCP server is not running while the session is"
+        for kind in ("mnt", "pid", "net", "user"):
+            assert _ns(pid, kind) != _ns("self", kind), kind
+        assert _cgroup(pid) != _cgroup("self")
+        wait_for(lambda: in_phase(run_dir, 1, "agent"), 5, "session 1 still running")
+        wait_for(
+            lambda: len(read_rows(run_dir / "journal.sqlite", kind="mcp_call")) >= 2, 60, "2 calls"
+        )
+        (run_dir / "workspace" / "release").write_text("go")
+        assert proc.wait(80) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    with Store(run_dir / "state.sqlite", readonly=True) as s:
+        assert s.run().state == "passed" and s.run().agent == "claude-code"
+    assert (server_dir / "marker").read_text() == "from-claude"
+    assert not (server_dir / "shred-called").exists()
+    rows = read_rows(run_dir / "journal.sqlite", kind="mcp_call")
+    decisions = {(r.target, r.decision, r.rule) for r in rows}
+    assert ("demo/write_marker", "allow", "mcp:demo") in decisions
+    assert ("demo/shred", "deny", "mcp:demo:deny") in decisions
+    assert _procs(demo) == {}
+    assert not run_cgroup(rid).exists()
