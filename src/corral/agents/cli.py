@@ -56,7 +56,11 @@ def register(app: typer.Typer) -> None:
         model: Annotated[str | None, typer.Option("--model", help="Model name.")] = None,
         state_dir: Annotated[
             Path | None,
-            typer.Option("--state-dir", help="Session directory (default ./.corral/agent/ID)."),
+            typer.Option(
+                "--state-dir",
+                help="Session directory, outside the workspace "
+                "(default $XDG_STATE_HOME/corral/agent/ID, else ~/.local/state/corral/agent/ID).",
+            ),
         ] = None,
         no_sandbox: Annotated[
             bool,
@@ -99,8 +103,15 @@ def register(app: typer.Typer) -> None:
                     )
                 )
                 return
-            from corral.agents.runner import run_agent
+            import signal
 
+            from corral.run.agent_run import run_agent
+
+            def _on_term(_signum: int, _frame: object) -> None:
+                # The session tears its sandbox down on the way out.
+                raise KeyboardInterrupt
+
+            signal.signal(signal.SIGTERM, _on_term)
             result = run_agent(
                 agent,
                 text,

@@ -130,6 +130,8 @@ class SessionOutcome:
     result: AgentResult | None
     broker_pid: int | None
     agent_reported_tokens: int = 0
+    refused: str | None = None
+    """What refused to start ("mcp" or "sandbox"); the agent did not run."""
 
 
 def _event(
@@ -225,7 +227,7 @@ def run_session(plan: SessionPlan, *, journal: Journal, hooks: SessionHooks) -> 
                 gateway = _start_gateway(plan, journal, stack)
             except AgentError as exc:
                 _event(journal, plan.identity, "refused", f"MCP: {exc}", decision="deny")
-                return SessionOutcome(f"refused: {exc}", None, None, None)
+                return SessionOutcome(f"refused: {exc}", None, None, None, refused="mcp")
             broker = with_mcp_route(broker, gateway.url)
             request = dataclasses.replace(request, mcp=mcp_endpoints(tuple(plan.mcp.servers)))
         launch = plan.agent.launch(request)
@@ -309,7 +311,7 @@ def _agent(
     except CorralError as exc:
         egress.stop()
         _event(journal, ident, "refused", f"agent sandbox refused: {exc}", decision="deny")
-        return SessionOutcome(f"refused: {exc}", None, None, None)
+        return SessionOutcome(f"refused: {exc}", None, None, None, refused="sandbox")
     finally:
         out.close_writer()
         err.close_writer()
@@ -317,7 +319,18 @@ def _agent(
     if broker_pid is not None:
         hooks.on_broker(broker_pid)
     running.layers["broker"] = True
-    reason = _watch(running, egress, wall=plan.wall_s, journal=journal, ident=ident, hooks=hooks)
+    try:
+        reason = _watch(
+            running, egress, wall=plan.wall_s, journal=journal, ident=ident, hooks=hooks
+        )
+    except BaseException:
+        # A signal turned into an exception (Ctrl-C, the CLI's SIGTERM handler):
+        # nothing of the session may outlive it.
+        with contextlib.suppress(Exception):
+            running.interrupt(signal.SIGKILL)
+        running.close()
+        egress.stop()
+        raise
     if reason is None and not egress.alive():
         # The agent may have exited *because* its only door closed.
         _event(

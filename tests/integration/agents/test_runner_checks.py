@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from corral.agents.runner import run_agent
 from corral.errors import AgentError, UsageError
+from corral.run.agent_run import run_agent
 
 SCENARIO = Path(__file__).resolve().parents[3] / "scenarios" / "write-file.yaml"
 
@@ -54,3 +57,34 @@ def test_missing_cli_is_named(tmp_path: Path) -> None:
             tools_dir=tmp_path / "no-tools",
             state_dir=tmp_path / "state",
         )
+
+
+@pytest.mark.requires_sandbox
+@pytest.mark.requires_npm
+def test_the_defaults_work_together(tmp_path: Path) -> None:
+    """`corral agent run` with no --workspace and no --state-dir, from the project directory:
+    the session runs (its state lands outside the workspace, where the agent cannot reach it)."""
+    from .conftest import require_cli
+
+    require_cli("claude-code")
+    ws = tmp_path / "project"
+    ws.mkdir()
+    xdg = tmp_path / "xdg-state"
+    argv = [sys.executable, "-m", "corral", "agent", "run", "claude-code", "--json"]
+    argv += ["--provider", f"synthetic:{SCENARIO}", "--timeout", "60", "--", "Create hello.txt"]
+    proc = subprocess.run(
+        argv,
+        cwd=ws,
+        env={**os.environ, "XDG_STATE_HOME": str(xdg)},
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (ws / "hello.txt").read_text() == "hi\n"
+    assert sorted(p.name for p in ws.iterdir()) == ["hello.txt"]  # no state in the workspace
+    out = json.loads(proc.stdout)
+    state = Path(out["state_dir"])
+    assert state.parent == xdg / "corral" / "agent"
+    assert (state / "journal.sqlite").is_file() and (state / "result.json").is_file()
