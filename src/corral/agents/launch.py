@@ -1,17 +1,14 @@
 """How an agent CLI is launched and how its sandbox's end is read back (pure).
 
 Every caller that launches an agent CLI (`corral agent run`, its
-`--dry-run`, the `corral run` coordinator; all through
+`--dry-run`, the `corral run` coordinator; the sessions through
 `corral.run.session`) builds its `LaunchRequest` with `launch_request`, so a
-CLI is configured the same way wherever it runs. `exec_argv`,
-`parse_exec_summary` and `finalize` describe and read back a session run
-under `corral exec`; nothing here does I/O.
+CLI is configured the same way wherever it runs; `finalize` reads the
+sandbox's end into the agent's result. Nothing here does I/O.
 """
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -29,11 +26,9 @@ from corral.agents.routes import MCP_ROUTE, ProviderChoice
 __all__ = [
     "EXIT_REFUSED",
     "SANDBOX_BROKER",
-    "exec_argv",
     "finalize",
     "launch_request",
     "mcp_endpoints",
-    "parse_exec_summary",
 ]
 
 SANDBOX_BROKER = "http://127.0.0.1:3128"
@@ -47,21 +42,6 @@ def mcp_endpoints(servers: Sequence[str]) -> tuple[McpEndpoint, ...]:
     return tuple(
         McpEndpoint(name, f"{SANDBOX_BROKER}/routes/{MCP_ROUTE}/{name}/mcp") for name in servers
     )
-
-
-def parse_exec_summary(stderr: str) -> dict[str, Any] | None:
-    """corral exec's `--json` summary: the last stderr line that is one (pure)."""
-    for raw in reversed(stderr.splitlines()):
-        line = raw.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict) and "exit" in obj and "reason" in obj:
-            return obj
-    return None
 
 
 def finalize(
@@ -90,50 +70,6 @@ def finalize(
     if reason == "oom":
         return replace(result, status="failed", error="the agent was killed by the memory limit")
     return result
-
-
-def exec_argv(
-    launch_argv: Sequence[str],
-    *,
-    workspace: str,
-    cli_prefix: str,
-    routes_file: str,
-    journal: str,
-    timeout_s: float,
-    memory: str | None,
-    corral: Sequence[str] = (sys.executable, "-m", "corral"),
-    run: str | None = None,
-    session: str | None = None,
-) -> list[str]:
-    """The `corral exec` command line that runs a wrapped launch (pure).
-
-    `run`/`session` label the broker's journal rows (where its token count is
-    read back from).
-    """
-    argv = [
-        *corral,
-        "exec",
-        "--env",
-        "agent",
-        "--workspace",
-        workspace,
-        "--ro",
-        cli_prefix,
-        "--config",
-        routes_file,
-        "--journal",
-        journal,
-        "--timeout",
-        f"{timeout_s:g}",
-        "--json",
-    ]
-    if memory is not None:
-        argv += ["--memory", memory]
-    if run is not None:
-        argv += ["--run", run]
-    if session is not None:
-        argv += ["--session", session]
-    return [*argv, "--", *launch_argv]
 
 
 def launch_request(

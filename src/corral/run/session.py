@@ -368,6 +368,17 @@ def _agent(
         reason = "token budget spent"
     elif not agent_result.ok and reason == "agent finished":
         reason = f"agent failed: {(agent_result.error or '')[:200]}"
+    _event(
+        journal,
+        ident,
+        "session_end",
+        f"the session ended: {reason}",
+        detail={
+            "status": agent_result.status,
+            "tokens": used.total,
+            "agent_reported_tokens": reported.usage.total,
+        },
+    )
     return SessionOutcome(reason, result, agent_result, broker_pid, reported.usage.total)
 
 

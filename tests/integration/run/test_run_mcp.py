@@ -22,6 +22,7 @@ from corral.broker.journal import read_rows
 from corral.run.store import Store
 from tests.integration.run.helpers import (
     in_phase,
+    journal_events,
     new_id,
     run_cgroup,
     start_corral,
@@ -149,6 +150,9 @@ def test_mission_mcp_server_is_wired_sandboxed_journaled_and_stopped(tmp_path: P
     assert by_tool["demo/shred"].decision == "deny"
     assert by_tool["demo/shred"].rule == "mcp:demo:deny"
     assert {r.run for r in rows} == {rid} and {r.session for r in rows} == {"1"}
+    assert journal_events(run_dir / "journal.sqlite", "session_end") == [
+        ("1", "the session ended: agent finished")
+    ]
     # Nothing of the server is left, and the run's cgroup is gone.
     assert _procs(demo) == {}
     assert not run_cgroup(rid).exists()
