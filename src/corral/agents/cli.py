@@ -196,12 +196,12 @@ def _dry_run(
     policy: object,
     model: str | None,
 ) -> str:
-    from corral.agents.base import DEFAULT_HOME, McpEndpoint
+    from corral.agents.base import DEFAULT_HOME
     from corral.agents.install import default_tools_dir, executable_path
-    from corral.agents.launch import SANDBOX_BROKER, launch_request
+    from corral.agents.launch import SANDBOX_BROKER, launch_request, mcp_endpoints
     from corral.agents.mcp_policy import McpPolicy
     from corral.agents.registry import get_adapter
-    from corral.agents.routes import MCP_ROUTE, check_compatible, parse_provider
+    from corral.agents.routes import check_compatible, parse_provider
 
     adapter = get_adapter(agent)
     choice = parse_provider(provider)
@@ -216,6 +216,6 @@ def _dry_run(
         base_url=f"{SANDBOX_BROKER}/routes/{choice.route}",
         model=model,
         home=DEFAULT_HOME,
-        mcp=tuple(McpEndpoint(n, f"{SANDBOX_BROKER}/routes/{MCP_ROUTE}/{n}/mcp") for n in servers),
+        mcp=mcp_endpoints(tuple(servers)),
     )
     return adapter.launch(request).display()
