@@ -65,8 +65,13 @@ def server_argv(
     sandbox: bool,
     journal: str | None = None,
     corral: Sequence[str] = (sys.executable, "-m", "corral"),
+    run: str | None = None,
+    session: str | None = None,
 ) -> list[str]:
-    """The command that runs one MCP server, under `corral exec` unless not `sandbox` (pure)."""
+    """The command that runs one MCP server, under `corral exec` unless not `sandbox` (pure).
+
+    `run`/`session` label its sandbox's journal rows with the agent session's.
+    """
     if not sandbox:
         return list(cfg.command)
     argv = [*corral, "exec", "--workspace", workspace, "--memory", cfg.memory]
@@ -79,6 +84,10 @@ def server_argv(
         argv += ["--setenv", f"{name}={value}"]
     if journal is not None:
         argv += ["--journal", journal]
+    if run is not None:
+        argv += ["--run", run]
+    if session is not None:
+        argv += ["--session", session]
     return [*argv, "--", *cfg.command]
 
 
@@ -249,6 +258,8 @@ class McpGateway:
             sandbox=self.sandbox,
             journal=self.journal_path,
             corral=self.corral,
+            run=self.identity.run,
+            session=self.identity.session,
         )
         errlog = open(self.scratch / f"{name}.stderr", "a", encoding="utf-8")  # noqa: SIM115
         self._logs.append(errlog)

@@ -150,6 +150,13 @@ def test_mission_mcp_server_is_wired_sandboxed_journaled_and_stopped(tmp_path: P
     assert by_tool["demo/shred"].decision == "deny"
     assert by_tool["demo/shred"].rule == "mcp:demo:deny"
     assert {r.run for r in rows} == {rid} and {r.session for r in rows} == {"1"}
+    # The server's own sandbox is journaled under the session too.
+    exits = {
+        (r.session, r.env)
+        for r in read_rows(run_dir / "journal.sqlite", kind="process_event")
+        if r.target.startswith("exit") and r.run == rid
+    }
+    assert ("1", "exec") in exits and ("1", "agent") in exits
     assert journal_events(run_dir / "journal.sqlite", "session_end") == [
         ("1", "the session ended: agent finished")
     ]

@@ -105,6 +105,8 @@ def test_server_env_reaches_the_sandbox_as_setenv() -> None:
     cfg = McpServerConfig(command=("s",), env={"B": "2", "A": "1"})
     argv = server_argv(cfg, workspace="/w", sandbox=True, corral=("c",))
     assert argv[argv.index("--setenv") :] == ["--setenv", "A=1", "--setenv", "B=2", "--", "s"]
+    labelled = server_argv(cfg, workspace="/w", sandbox=True, corral=("c",), run="r", session="2")
+    assert labelled[-7:] == ["B=2", "--run", "r", "--session", "2", "--", "s"]
 
 
 def test_mcp_servers_start_through_the_launcher() -> None:
