@@ -174,7 +174,8 @@ def agent_request(
 
     Built by `corral.agents.launch.launch_request`, so the mission's `model`,
     else the adapter's synthetic model for a synthetic provider, else the CLI's
-    default; the provider at the broker route; no MCP servers (not wired yet).
+    default; the provider at the broker route; its MCP servers are added by
+    `corral.run.session` once their gateway is up.
     """
     return launch_request(
         agent,
