@@ -2,7 +2,7 @@
 
 The run is the two-turn `scenarios/write-file.yaml` (one shell command, one
 text reply) against the synthetic provider. Both sides go through
-`corral.agents.runner.run_agent` with the same launch (argv, config,
+`corral.run.agent_run.run_agent` with the same launch (argv, config,
 environment); "inside" adds the namespace sandbox, the broker and its routes
 and journal, "bare" runs the CLI directly with a scratch HOME. Runs alternate
 so that machine load hits both alike. Prints the median and p90 end-to-end
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from corral.agents.runner import AgentRun, run_agent
+from corral.run.agent_run import AgentRun, run_agent
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIO = REPO / "scenarios" / "write-file.yaml"

@@ -4,7 +4,7 @@ An adapter turns a `LaunchRequest` (the prompt, the executable, where the
 model provider and the MCP gateway are *as seen by the agent*) into a
 `Launch` (argv, environment, config files for the fresh HOME), and turns what
 the CLI printed into an `AgentResult`. Both directions are pure functions,
-golden-tested in tests/unit/agents; `corral.agents.runner` is the shell that
+golden-tested in tests/unit/agents; `corral.run.session` is the shell that
 starts processes.
 
 Config files and the wrapper script
@@ -247,7 +247,7 @@ class AgentResult:
 
 
 class HasSyntheticModel(Protocol):
-    """The one thing `corral.agents.runner.launch_request` needs of an agent."""
+    """The one thing `corral.agents.launch.launch_request` needs of an agent."""
 
     @property
     def synthetic_model(self) -> str | None:

@@ -56,7 +56,11 @@ def register(app: typer.Typer) -> None:
         model: Annotated[str | None, typer.Option("--model", help="Model name.")] = None,
         state_dir: Annotated[
             Path | None,
-            typer.Option("--state-dir", help="Session directory (default ./.corral/agent/ID)."),
+            typer.Option(
+                "--state-dir",
+                help="Session directory, outside the workspace "
+                "(default $XDG_STATE_HOME/corral/agent/ID, else ~/.local/state/corral/agent/ID).",
+            ),
         ] = None,
         no_sandbox: Annotated[
             bool,
@@ -99,8 +103,15 @@ def register(app: typer.Typer) -> None:
                     )
                 )
                 return
-            from corral.agents.runner import run_agent
+            import signal
 
+            from corral.run.agent_run import run_agent
+
+            def _on_term(_signum: int, _frame: object) -> None:
+                # The session tears its sandbox down on the way out.
+                raise KeyboardInterrupt
+
+            signal.signal(signal.SIGTERM, _on_term)
             result = run_agent(
                 agent,
                 text,
@@ -185,12 +196,12 @@ def _dry_run(
     policy: object,
     model: str | None,
 ) -> str:
-    from corral.agents.base import DEFAULT_HOME, McpEndpoint
+    from corral.agents.base import DEFAULT_HOME
     from corral.agents.install import default_tools_dir, executable_path
+    from corral.agents.launch import SANDBOX_BROKER, launch_request, mcp_endpoints
     from corral.agents.mcp_policy import McpPolicy
     from corral.agents.registry import get_adapter
-    from corral.agents.routes import MCP_ROUTE, check_compatible, parse_provider
-    from corral.agents.runner import SANDBOX_BROKER, launch_request
+    from corral.agents.routes import check_compatible, parse_provider
 
     adapter = get_adapter(agent)
     choice = parse_provider(provider)
@@ -205,6 +216,6 @@ def _dry_run(
         base_url=f"{SANDBOX_BROKER}/routes/{choice.route}",
         model=model,
         home=DEFAULT_HOME,
-        mcp=tuple(McpEndpoint(n, f"{SANDBOX_BROKER}/routes/{MCP_ROUTE}/{n}/mcp") for n in servers),
+        mcp=mcp_endpoints(tuple(servers)),
     )
     return adapter.launch(request).display()

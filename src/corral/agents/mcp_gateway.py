@@ -65,8 +65,13 @@ def server_argv(
     sandbox: bool,
     journal: str | None = None,
     corral: Sequence[str] = (sys.executable, "-m", "corral"),
+    run: str | None = None,
+    session: str | None = None,
 ) -> list[str]:
-    """The command that runs one MCP server, under `corral exec` unless not `sandbox` (pure)."""
+    """The command that runs one MCP server, under `corral exec` unless not `sandbox` (pure).
+
+    `run`/`session` label its sandbox's journal rows with the agent session's.
+    """
     if not sandbox:
         return list(cfg.command)
     argv = [*corral, "exec", "--workspace", workspace, "--memory", cfg.memory]
@@ -74,8 +79,15 @@ def server_argv(
         argv += ["--ro", path]
     for dest in cfg.allow_egress:
         argv += ["--allow", dest]
+    # corral exec gives the sandbox an allowlisted environment, not its own.
+    for name, value in sorted(cfg.env.items()):
+        argv += ["--setenv", f"{name}={value}"]
     if journal is not None:
         argv += ["--journal", journal]
+    if run is not None:
+        argv += ["--run", run]
+    if session is not None:
+        argv += ["--session", session]
     return [*argv, "--", *cfg.command]
 
 
@@ -246,10 +258,18 @@ class McpGateway:
             sandbox=self.sandbox,
             journal=self.journal_path,
             corral=self.corral,
+            run=self.identity.run,
+            session=self.identity.session,
         )
         errlog = open(self.scratch / f"{name}.stderr", "a", encoding="utf-8")  # noqa: SIM115
         self._logs.append(errlog)
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **cfg.env}
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        if self.sandbox:
+            # corral itself is started here: it must import this corral.
+            if "PYTHONPATH" in os.environ:
+                env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        else:
+            env.update(cfg.env)
         params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=str(workspace))
         self.journal.append(
             Observation.of(

@@ -5,7 +5,7 @@ The coordinator codes against `RunAgent`: a `corral.agents` adapter
 both pure, and `synthetic_model`) plus `install()`: where its executable is on
 the host and which host paths the agent sandbox must see read-only to run it.
 The coordinator builds each session's request with
-`corral.agents.runner.launch_request`, as `corral agent run` does, so a CLI is
+`corral.agents.launch.launch_request`, as `corral agent run` does, so a CLI is
 configured the same way in both (e.g. Codex asks the synthetic provider for
 `corral-synthetic` and gets its one-entry model catalog).
 
@@ -23,6 +23,7 @@ Agents:
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -110,6 +111,8 @@ class ScriptAgent:
             "CORRAL_MODEL": request.provider.model or "mock-model",
             "PYTHONDONTWRITEBYTECODE": "1",
         }
+        if request.mcp:
+            env["CORRAL_MCP_SERVERS"] = json.dumps({m.name: m.url for m in request.mcp})
         return Launch(
             argv=("/usr/bin/python3", "-I", request.executable, *request.extra_args),
             env=env_pairs(env),

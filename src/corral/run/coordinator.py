@@ -30,22 +30,21 @@ import os
 import secrets
 import shutil
 import signal
-import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from corral.agents.base import AgentResult, Usage
+from corral.agents.base import AgentResult, Launch
 from corral.agents.routes import check_compatible, route_secret_env
 from corral.broker.actions import Identity, Observation, ProcessEvent
+from corral.broker.config import BrokerConfig
 from corral.broker.journal import decision_counts as journal_counts
 from corral.broker.metering import journal_usage
 from corral.errors import AgentError, ConfigError, CorralError, UsageError
 from corral.hostgit import TrustedRepo
 from corral.run.agent_port import RunAgent, resolve_agent
-from corral.run.capture import Capture
 from corral.run.environments import (
     RunLayout,
     agent_broker_config,
@@ -61,6 +60,8 @@ from corral.run.progress import Progress
 from corral.run.prompt import build_prompt
 from corral.run.report import render_report
 from corral.run.runcg import RunCgroup
+from corral.run.session import SessionHooks, SessionPlan, run_session
+from corral.run.session import read_tail as _read_tail
 from corral.run.store import CheckResult, RunLock, SessionRecord, Store
 from corral.sandbox.backend import Backend, Sandbox, SandboxNet, backend_config, load_backend
 from corral.sandbox.reaper import become_subreaper
@@ -72,7 +73,6 @@ if TYPE_CHECKING:
 
     from corral.broker.journal import Journal
     from corral.provider.server import ProviderThread
-    from corral.sandbox.egress import EgressBroker
     from corral.sandbox.spec import ExecResult, Limits, SandboxSpec
     from corral.sandbox.unix_admit import UnixConnectEvent
 
@@ -86,10 +86,6 @@ __all__ = [
 ]
 
 HTTP_CHECKER = Path(__file__).with_name("http_check.py")
-_POLL_S = 0.1
-# What corral keeps of the agent's output: the start, and the end (its result line).
-_OUT_HEAD, _OUT_TAIL = 4 << 20, 1 << 20
-_ERR_HEAD, _ERR_TAIL = 1 << 20, 256 << 10
 
 
 def session_budget(session: int | None, run: int | None, run_spent: int) -> int | None:
@@ -530,11 +526,8 @@ class Coordinator:
     def _agent_phase(
         self, store: Store, n: int, prompt: str
     ) -> tuple[str, ExecResult | None, AgentResult | None, int | None]:
-        from corral.sandbox.egress import EgressBroker
-
-        assert self._agent is not None and self._cg is not None
+        assert self._agent is not None and self._cg is not None and self._journal is not None
         install = self._agent.install(self.layout.tools)
-        wall = self.mission.settings.session.wall_time
         request = agent_request(
             self._agent,
             self.mission,
@@ -543,143 +536,53 @@ class Coordinator:
             executable=install.executable,
             workspace=str(self.layout.workspace),
         )
-        launch = self._agent.launch(request)
         budget = session_budget(
             self.mission.settings.session.token_budget,
             self.mission.settings.token_budget,
             self._spent([s for s in store.sessions() if s.n != n]),
         )
-        bcfg = agent_broker_config(self.mission, self.provider_ref, self._provider_url, budget)
-        spec = agent_spec(
-            self.layout,
-            mission=self.mission,
-            n=n,
-            launch=launch,
-            broker_config=bcfg,
-            ro_paths=install.ro_paths,
-        )
-        egress: EgressBroker = EgressBroker(
-            bcfg.to_json(), self.layout.journal, run=self.run_id, session=str(n), env="agent"
-        )
-        with contextlib.ExitStack() as stack:
-            out = Capture(self.layout.agent_stdout(n), head=_OUT_HEAD, tail=_OUT_TAIL)
-            stack.callback(out.finish)
-            err = Capture(self.layout.agent_stderr(n), head=_ERR_HEAD, tail=_ERR_TAIL)
-            stack.callback(err.finish)
-            devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-            stack.callback(os.close, devnull)
+        cg = self._cg
 
-            def start() -> Sandbox:
-                assert self._cg is not None
-                return self._backends["agent"].start(
-                    spec,
-                    parent_cgroup=self._cg.relpath,
-                    network=egress.attach,
-                    stdio=(devnull, out.writer, err.writer),
-                    unix_observer=self._unix_observer(spec),
-                )
-
-            return self._agent_session(
-                store,
-                n,
-                start=start,
-                limits=spec.limits,
-                egress=egress,
-                wall=wall,
-                captures=(out, err),
+        def make_spec(launch: Launch, broker: BrokerConfig) -> SandboxSpec:
+            return agent_spec(
+                self.layout,
+                mission=self.mission,
+                n=n,
+                launch=launch,
+                broker_config=broker,
+                ro_paths=install.ro_paths,
             )
 
-    def _agent_session(
-        self,
-        store: Store,
-        n: int,
-        *,
-        start: Callable[[], Sandbox],
-        limits: Limits,
-        egress: EgressBroker,
-        wall: float,
-        captures: tuple[Capture, Capture],
-    ) -> tuple[str, ExecResult | None, AgentResult | None, int | None]:
-        assert self._agent is not None and self._cg is not None
-        try:
-            running = start()
-        except CorralError as exc:
-            egress.stop()
-            self._journal_event("refused", f"agent sandbox refused: {exc}", decision="deny")
-            return f"refused: {exc}", None, None, None
-        finally:
-            for capture in captures:
-                capture.close_writer()
-        broker_pid = egress.process.pid if egress.process else None
-        if broker_pid is not None:
+        def on_broker(pid: int) -> None:
             with contextlib.suppress(CorralError, OSError):
-                self._cg.attach_helper(broker_pid)
-            store.update_session(n, broker_pid=broker_pid)
-        reason = self._watch_agent(running, egress, wall)
-        if reason is None and not egress.alive():
-            # The agent may have exited *because* its only door closed.
-            self._journal_event(
-                "broker_died",
-                "the broker exited during the session; the session ends (fail closed)",
-                decision="deny",
-            )
-            reason = "broker died"
-        try:
-            if reason is None or (reason == "broker died" and running.poll() is not None):
-                result = running.wait()
-                reason = reason or "agent finished"
-            else:
-                result = running.interrupt(signal.SIGKILL)
-        finally:
-            running.close()
-            egress.stop()
-        self._journal_outcome("agent", result, limits)
-        for capture in captures:
-            capture.finish()
-        # What the agent printed (through corral's pipe) says how it ended; the
-        # tokens are the broker's count, never the agent's own report.
-        stdout = _read_tail(self.layout.agent_stdout(n), 1 << 20)
-        reported = self._agent.parse_output(stdout, result.exit)
-        used, refused = journal_usage(self.layout.journal, self.run_id, str(n))
-        agent_result = dataclasses.replace(
-            reported,
-            usage=Usage(
-                used.input_tokens,
-                used.output_tokens,
-                used.cache_read_tokens,
-                used.cache_write_tokens,
-            ),
-        )
-        self._agent_reported = reported.usage.total
-        if refused and reason == "agent finished":
-            reason = "token budget spent"
-        elif not agent_result.ok and reason == "agent finished":
-            reason = f"agent failed: {(agent_result.error or '')[:200]}"
-        return reason, result, agent_result, broker_pid
+                cg.attach_helper(pid)
+            store.update_session(n, broker_pid=pid)
 
-    def _watch_agent(self, running: Sandbox, egress: EgressBroker, wall: float) -> str | None:
-        deadline = time.monotonic() + wall
-        last_tick = 0.0
-        while running.poll() is None:
-            if self._stopping():
-                return "stopped by the user"
-            if time.monotonic() >= deadline:
-                self._journal_event(
-                    "timeout", f"session wall time {wall:g}s reached", decision="deny"
-                )
-                return f"wall time {wall:g}s reached"
-            if not egress.alive():
-                self._journal_event(
-                    "broker_died",
-                    "the broker exited during the session; the session ends (fail closed)",
-                    decision="deny",
-                )
-                return "broker died"
-            if time.monotonic() - last_tick > 1.0:
-                self._tick()
-                last_tick = time.monotonic()
-            time.sleep(_POLL_S)
-        return None
+        plan = SessionPlan(
+            agent=self._agent,
+            request=request,
+            broker=agent_broker_config(self.mission, self.provider_ref, self._provider_url, budget),
+            make_spec=make_spec,
+            identity=Identity(run=self.run_id, session=str(n), env="agent"),
+            journal_path=self.layout.journal,
+            stdout=self.layout.agent_stdout(n),
+            stderr=self.layout.agent_stderr(n),
+            mcp_dir=self.layout.mcp_dir(n),
+            wall_s=self.mission.settings.session.wall_time,
+            mcp=self.mission.mcp_policy() if self.mission.settings.mcp.servers else None,
+            parent_cgroup=cg.relpath,
+            backend=self._backends["agent"],
+            run_cgroup=self.run_id,
+        )
+        hooks = SessionHooks(
+            should_stop=self._stopping,
+            tick=self._tick,
+            on_broker=on_broker,
+            unix_observer=self._unix_observer,
+        )
+        outcome = run_session(plan, journal=self._journal, hooks=hooks)
+        self._agent_reported = outcome.agent_reported_tokens
+        return outcome.reason, outcome.exec, outcome.result, outcome.broker_pid
 
     def _journal_outcome(self, env: str, result: ExecResult, limits: Limits | None = None) -> None:
         if self._journal is None:
@@ -825,21 +728,3 @@ def _snapshot(repo: TrustedRepo, commit: str, dest: Path) -> list[str]:
     # An empty tree's `git archive` is not a tar file tarfile accepts.
     dest.mkdir(parents=True)
     return []
-
-
-def _read_tail(path: Path, limit: int) -> str:
-    """The end of a file a sandbox wrote; never follows a link the sandbox planted."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return ""
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return ""
-        os.lseek(fd, max(0, st.st_size - limit), os.SEEK_SET)
-        return os.read(fd, limit).decode("utf-8", "replace")
-    except OSError:
-        return ""
-    finally:
-        os.close(fd)

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral.agents.base import DEFAULT_HOME, HasSyntheticModel, Launch, LaunchRequest
+from corral.agents.launch import launch_request
 from corral.agents.routes import ProviderChoice, provider_route
-from corral.agents.runner import launch_request
 from corral.broker.config import BrokerConfig, RouteConfig
 from corral.run.mission import Check, Mission, ProviderRef
 from corral.sandbox.egress import sandbox_proxy_env
@@ -115,6 +115,12 @@ class RunLayout:
     def agent_stderr(self, n: int) -> Path:
         return self.session_dir(n) / "agent.stderr.log"
 
+    def mcp_dir(self, n: int) -> Path:
+        """The MCP servers' directories of session `n` (`NAME/` each, writable by that
+        server) and their logs. Outside the run directory: no part of a run but
+        its workspace is ever handed to a sandbox."""
+        return self.root.parent / ".mcp" / self.root.name / f"session-{n}"
+
     def product_dir(self, n: int) -> Path:
         return self.session_dir(n) / "product"
 
@@ -166,9 +172,10 @@ def agent_request(
 ) -> LaunchRequest:
     """What the agent's adapter launches in a session: `corral agent run`'s request.
 
-    Built by `corral.agents.runner.launch_request`, so the mission's `model`,
+    Built by `corral.agents.launch.launch_request`, so the mission's `model`,
     else the adapter's synthetic model for a synthetic provider, else the CLI's
-    default; the provider at the broker route; no MCP servers (not wired yet).
+    default; the provider at the broker route; its MCP servers are added by
+    `corral.run.session` once their gateway is up.
     """
     return launch_request(
         agent,

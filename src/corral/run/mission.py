@@ -28,12 +28,15 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from corral.errors import ConfigError, UsageError
 from corral.sandbox.units import parse_cpus, parse_duration, parse_size
+
+if TYPE_CHECKING:
+    from corral.agents.mcp_policy import McpPolicy
 
 __all__ = [
     "AGENTS",
@@ -181,18 +184,75 @@ class NetworkSettings(BaseModel):
 
 
 class McpServer(BaseModel):
-    """`[mcp.servers.NAME]`: an MCP server offered to the agent through the gateway."""
+    """`[mcp.servers.NAME]`: an MCP server offered to the agent through the gateway.
+
+    `command` (a string or a list) plus `args` is run in a sandbox of its own
+    with `env`; `ro` paths (relative ones are the mission file's) are visible
+    to it read-only. `tools`/`deny_tools`/`arguments` are its tool policy
+    (`corral.agents.mcp_policy`).
+    """
 
     model_config = _FROZEN
 
     command: tuple[str, ...] = Field(min_length=1)
+    args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
+    ro: tuple[str, ...] = ()
+    tools: tuple[str, ...] | None = None
+    deny_tools: tuple[str, ...] = ()
+    arguments: dict[str, dict[str, dict[str, str | int]]] = Field(default_factory=dict)
+    memory: str = "512M"
+    call_timeout: float = 60.0
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _cmd(cls, value: object) -> object:
+        return (value,) if isinstance(value, str) else value
+
+    @field_validator("memory")
+    @classmethod
+    def _mem(cls, value: str) -> str:
+        _size(value)
+        return value
+
+    @field_validator("call_timeout", mode="before")
+    @classmethod
+    def _t(cls, value: object) -> object:
+        return _duration(value)
 
 
 class McpSettings(BaseModel):
     model_config = _FROZEN
 
     servers: dict[str, McpServer] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _policy(self) -> McpSettings:
+        from corral.agents.mcp_policy import parse_mcp_policy
+
+        try:
+            parse_mcp_policy(_policy_doc(self, Path("/")), "[mcp]")
+        except ConfigError as exc:
+            raise ValueError(str(exc).removeprefix("[mcp]: ")) from None
+        return self
+
+
+def _policy_doc(mcp: McpSettings, base: Path) -> dict[str, object]:
+    return {
+        "servers": {
+            name: {
+                "command": [*s.command, *s.args],
+                "env": s.env,
+                "ro": [str(base / p) for p in s.ro],
+                "tools": s.tools,
+                "deny_tools": s.deny_tools,
+                "arguments": s.arguments,
+                "memory": s.memory,
+                "call_timeout_s": s.call_timeout,
+            }
+            for name, s in mcp.servers.items()
+        }
+    }
 
 
 class ProductSettings(BaseModel):
@@ -381,6 +441,13 @@ class Mission:
         """A path from the front matter, relative to the mission file."""
         p = Path(relative)
         return p if p.is_absolute() else (self.path.parent / p)
+
+    def mcp_policy(self) -> McpPolicy:
+        """`[mcp.servers.*]` as the gateway's policy (relative `ro` paths resolved)."""
+        from corral.agents.mcp_policy import parse_mcp_policy
+
+        doc = _policy_doc(self.settings.mcp, self.path.parent.absolute())
+        return parse_mcp_policy(doc, f"{self.path} [mcp]")
 
     @property
     def scenario_path(self) -> Path | None:

@@ -12,7 +12,9 @@ stops asking.
 This file is copied into a run's `tools/` directory and executed only inside
 the agent sandbox, by the sandbox's own /usr/bin/python3. Environment:
 CORRAL_PROVIDER_URL (the broker route, without /v1), CORRAL_PROMPT_FILE,
-CORRAL_MODEL, CORRAL_API_KEY (a placeholder the broker replaces).
+CORRAL_MODEL, CORRAL_API_KEY (a placeholder the broker replaces),
+CORRAL_MCP_SERVERS (JSON: server name -> streamable-HTTP URL; their tools are
+offered as `mcp__SERVER__TOOL`, as Claude Code names them).
 Output: one JSON object per line on stdout; the last is
 `{"type": "result", "is_error": bool, "result": str, "usage": {...}, "num_turns": int}`.
 """
@@ -93,6 +95,62 @@ def post(url: str, body: dict[str, Any], key: str) -> dict[str, Any]:
         return reply
 
 
+def mcp_rpc(url: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """One JSON-RPC request to a streamable-HTTP MCP endpoint (stateless, JSON replies)."""
+    req = urllib.request.Request(
+        url,
+        data=json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode(),
+        headers={
+            "content-type": "application/json",
+            "accept": "application/json, text/event-stream",
+            "mcp-protocol-version": "2025-06-18",
+        },
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        reply: dict[str, Any] = json.loads(resp.read().decode())
+    if "error" in reply:
+        raise RuntimeError(f"MCP error: {reply['error']}")
+    result: dict[str, Any] = reply.get("result") or {}
+    return result
+
+
+def mcp_tools(servers: dict[str, str]) -> tuple[list[dict[str, Any]], dict[str, tuple[str, str]]]:
+    """The MCP servers' tools as Messages tools (`mcp__SERVER__TOOL`, Claude Code's names)."""
+    offered: list[dict[str, Any]] = []
+    route: dict[str, tuple[str, str]] = {}
+    for server, url in sorted(servers.items()):
+        mcp_rpc(
+            url,
+            "initialize",
+            {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "corral-script-agent", "version": "1"},
+            },
+        )
+        for tool in mcp_rpc(url, "tools/list", {}).get("tools", []):
+            name = f"mcp__{server}__{tool['name']}"
+            route[name] = (url, str(tool["name"]))
+            offered.append(
+                {
+                    "name": name,
+                    "description": str(tool.get("description", "")),
+                    "input_schema": tool.get("inputSchema") or {"type": "object"},
+                }
+            )
+    return offered, route
+
+
+def call_mcp(url: str, tool: str, args: dict[str, Any]) -> tuple[str, bool]:
+    try:
+        result = mcp_rpc(url, "tools/call", {"name": tool, "arguments": args})
+    except Exception as exc:  # the model sees the error, as with any agent
+        return f"error: {exc}", True
+    text = "".join(c.get("text", "") for c in result.get("content", []) if c.get("type") == "text")
+    return text, bool(result.get("isError"))
+
+
 def run_tool(name: str, args: dict[str, Any]) -> tuple[str, bool]:
     try:
         if name == "Bash":
@@ -138,6 +196,12 @@ def main() -> int:
     model = os.environ.get("CORRAL_MODEL") or "mock-model"
     system = f"You are corral's script test agent.\nPrimary working directory: {os.getcwd()}\n"
     messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+    servers = json.loads(os.environ.get("CORRAL_MCP_SERVERS") or "{}")
+    try:
+        offered, mcp_route = mcp_tools(servers)
+    except Exception as exc:
+        emit({"type": "result", "is_error": True, "result": f"MCP error: {exc}", "num_turns": 0})
+        return 1
     usage = {"input_tokens": 0, "output_tokens": 0}
     text = ""
     for turn in range(1, MAX_TURNS + 1):
@@ -146,7 +210,7 @@ def main() -> int:
             "max_tokens": 4096,
             "system": system,
             "messages": messages,
-            "tools": TOOLS,
+            "tools": TOOLS + offered,
         }
         try:
             reply = post(base + "/v1/messages", body, key)
@@ -184,7 +248,11 @@ def main() -> int:
             return 0
         results = []
         for call in calls:
-            out, is_error = run_tool(str(call.get("name")), call.get("input") or {})
+            name = str(call.get("name"))
+            if name in mcp_route:
+                out, is_error = call_mcp(*mcp_route[name], call.get("input") or {})
+            else:
+                out, is_error = run_tool(name, call.get("input") or {})
             emit({"type": "tool_result", "name": call.get("name"), "is_error": is_error})
             results.append(
                 {

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from corral.agents.mcp_policy import McpPolicy
-from corral.agents.runner import AgentRun, run_agent
+from corral.run.agent_run import AgentRun, run_agent
 
 from .conftest import REPO_SCENARIOS, SCENARIOS, require_cli, rows, transcript
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from corral.agents import tomlw
 from corral.agents.base import AgentResult, ConfigFile, Launch, McpEndpoint, Usage, single_quote
 from corral.agents.install import default_tools_dir, executable_path, npm_install_argv
+from corral.agents.launch import finalize
 from corral.agents.mcp_gateway import denial_text, server_argv
 from corral.agents.mcp_policy import McpServerConfig
 from corral.agents.registry import ADAPTERS, get_adapter
@@ -24,7 +25,6 @@ from corral.agents.routes import (
     provider_route,
     route_secret_env,
 )
-from corral.agents.runner import exec_argv, finalize, parse_exec_summary
 from corral.broker.config import BrokerConfig
 from corral.broker.policy import Decision
 from corral.errors import AgentError, ConfigError, UsageError
@@ -127,12 +127,6 @@ def test_routes_are_valid_broker_config_and_hold_no_secret() -> None:
         provider_route(ProviderChoice("synthetic", "s"), None)
 
 
-def test_exec_summary_is_the_last_json_line() -> None:
-    stderr = 'noise\n{"not": "it"}\n{"exit": 0, "reason": "exited"}\ntrailing\n'
-    assert parse_exec_summary(stderr) == {"exit": 0, "reason": "exited"}
-    assert parse_exec_summary("Traceback...\n") is None
-
-
 def test_finalize() -> None:
     ok = AgentResult(status="succeeded", text="done", usage=Usage(1, 2))
     assert finalize(ok, 0, {"exit": 0, "reason": "exited"}, "", 5) == ok
@@ -146,25 +140,6 @@ def test_finalize() -> None:
     assert bare.status == "refused" and "landlock missing" in (bare.error or "")
     oom = finalize(ok, 137, {"exit": 137, "reason": "oom"}, "", 5)
     assert oom.status == "failed" and oom.error == "the agent was killed by the memory limit"
-
-
-def test_exec_argv_golden() -> None:
-    argv = exec_argv(
-        ("/bin/sh", "-c", "script", "corral-agent", "claude"),
-        workspace="/ws",
-        cli_prefix="/tools/npm/claude-code",
-        routes_file="/state/routes.toml",
-        journal="/state/journal.sqlite",
-        timeout_s=60,
-        memory="4G",
-        corral=("corral",),
-    )
-    assert argv == [
-        "corral", "exec", "--env", "agent", "--workspace", "/ws",
-        "--ro", "/tools/npm/claude-code", "--config", "/state/routes.toml",
-        "--journal", "/state/journal.sqlite", "--timeout", "60", "--json",
-        "--memory", "4G", "--", "/bin/sh", "-c", "script", "corral-agent", "claude",
-    ]  # fmt: skip
 
 
 def test_install_script_pins_match_the_adapters() -> None:

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 from corral.agents.base import LaunchRequest, ProviderEndpoint
+from corral.agents.launch import launch_request
 from corral.agents.registry import ADAPTERS
 from corral.agents.routes import ProviderChoice
-from corral.agents.runner import launch_request
 from corral.broker.config import BrokerConfig
 from corral.run.agent_port import ScriptAgent, resolve_agent
 from corral.run.environments import (
