@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import socket
 import threading
+import time
 
 from corral.errors import SandboxStartError
 
@@ -33,11 +35,21 @@ def _setns(fd: int) -> None:
         raise SandboxStartError(err, f"setns(CLONE_NEWNET): {os.strerror(err)}")
 
 
-def listen_on(sock: socket.socket, port: int) -> socket.socket:
+def listen_on(sock: socket.socket, port: int, *, wait_s: float = 5.0) -> socket.socket:
     """`sock` listening on 127.0.0.1:`port` of its namespace; closed on failure."""
+    deadline = time.monotonic() + wait_s
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", port))
+        while True:
+            try:
+                sock.bind(("127.0.0.1", port))
+                break
+            except OSError as exc:
+                # bwrap reports the sandbox's pid before its child has brought
+                # `lo` up, so 127.0.0.1 may not exist in the namespace yet.
+                if exc.errno != errno.EADDRNOTAVAIL or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.005)
         sock.listen(256)
     except OSError:
         sock.close()
