@@ -79,6 +79,15 @@ def _sandbox() -> str | None:
     return _root() or _bwrap() or _userns() or _cgroup() or _seccomp() or _landlock() or _unix()
 
 
+@functools.cache
+def _qemu() -> str | None:
+    from corral.sandbox.backend import MicroVMConfig
+    from corral.sandbox.spec import SandboxSpec
+
+    checks = MicroVMConfig().load().check(SandboxSpec(argv=("true",), workspace="/", env=()))
+    return checks["qemu"] or checks["kernel"]
+
+
 PROBES: dict[str, tuple[str, Callable[[], str | None]]] = {
     "requires_root": ("the test runs as root", _root),
     "requires_bwrap": ("bubblewrap is installed and works", _bwrap),
@@ -90,6 +99,7 @@ PROBES: dict[str, tuple[str, Callable[[], str | None]]] = {
     "requires_npm": ("npm is installed", _npm),
     "requires_curl": ("curl is installed", _curl),
     "requires_sandbox": ("the full namespace sandbox profile can run", _sandbox),
+    "requires_qemu": ("QEMU and the microvm guest kernel are installed", _qemu),
 }
 
 
