@@ -1,0 +1,187 @@
+"""The microvm backend booted for real (QEMU TCG here; a handful of boots).
+
+Each guarantee test performs the attack inside the VM and asserts on the
+host: the file's owner, the canary's bytes absent from the output, the host
+listener's accept count, QEMU's pid after its owner was SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from corral.sandbox.backend import MicroVMConfig
+from corral.sandbox.microvm.vm import MicroVMBackend
+from corral.sandbox.spec import Limits, SandboxSpec
+
+pytestmark = [pytest.mark.requires_qemu, pytest.mark.requires_root, pytest.mark.requires_cgroup]
+
+OWNER = 1000
+ENV = (("PATH", "/usr/bin:/bin"), ("HOME", "/home/corral"), ("ONLY", "this"))
+
+
+@pytest.fixture
+def world() -> Iterator[tuple[Path, Path]]:
+    """A workspace owned by OWNER and a canary file outside it (both reachable by OWNER)."""
+    top = Path(tempfile.mkdtemp(prefix="corral-mvm-"))
+    try:
+        top.chmod(0o755)
+        ws = top / "ws"
+        ws.mkdir()
+        os.chown(ws, OWNER, OWNER)
+        canary = top / "canary"
+        canary.write_text("CANARY-7f3a\n")
+        canary.chmod(0o644)
+        yield ws, canary
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def _backend() -> MicroVMBackend:
+    backend = MicroVMConfig().load()
+    assert isinstance(backend, MicroVMBackend)
+    return backend
+
+
+def _spec(ws: Path, script: str, **limits: float) -> SandboxSpec:
+    return SandboxSpec(
+        argv=("/bin/bash", "-c", script),
+        workspace=str(ws),
+        env=ENV,
+        allow_degraded=frozenset({"kvm"}),
+        limits=Limits(timeout_s=limits.get("timeout_s", 120)),
+    )
+
+
+def _attack(canary: Path, port: int) -> str:
+    return (
+        "echo MARKER-BOOTED; env | sort | tr '\\n' ' '; echo;"
+        " echo data > out.txt;"
+        f" cat {canary} 2>&1 | head -c 200; echo;"
+        f" (echo hi > /dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo LOOPBACK-REACHED;"
+        # The exit report port: the command must not be able to speak for the init.
+        " (echo 'exit 0' > /dev/vport0p1) 2>/dev/null && echo REPORT-FORGED;"
+        " exit 7"
+    )
+
+
+def test_boot_exit_output_workspace_and_isolation(world: tuple[Path, Path]) -> None:
+    ws, canary = world
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    script = _attack(canary, port)
+    # Control: on the host the same script reads the canary and reaches the listener.
+    host = subprocess.run(["/bin/bash", "-c", script], cwd=tempfile.gettempdir(),
+                          capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    assert "CANARY-7f3a" in host.stdout and "LOOPBACK-REACHED" in host.stdout
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            listener.accept()[0].close()
+
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        sb = _backend().start(_spec(ws, script), stdout_fd=out.fileno(), stderr_fd=err.fileno())
+        try:
+            res = sb.wait()
+        finally:
+            sb.close()
+        out.seek(0)
+        stdout = out.read().decode()
+    accepted = 0
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            listener.accept()[0].close()
+            accepted += 1
+    listener.close()
+
+    assert "MARKER-BOOTED" in stdout, stdout
+    assert (res.exit, res.reason) == (7, "exited"), (res, stdout)
+    assert res.layers["accel"] == "tcg" and str(res.layers["kvm"]).startswith("degraded:")
+    # Exactly the spec's environment (plus what bash itself sets).
+    env_line = stdout.splitlines()[1]
+    assert "ONLY=this" in env_line and "PYTHONPATH" not in env_line and "USER=" not in env_line
+    st = (ws / "out.txt").stat()
+    assert (st.st_uid, st.st_gid) == (OWNER, OWNER)
+    assert (ws / "out.txt").read_text() == "data\n"
+    assert "CANARY-7f3a" not in stdout
+    assert "LOOPBACK-REACHED" not in stdout and accepted == 0
+    assert "REPORT-FORGED" not in stdout
+    assert res.cpu_s > 0 and res.peak_memory_bytes > 0  # the host's counters around QEMU
+
+
+def test_timeout_kills_the_whole_vm(world: tuple[Path, Path]) -> None:
+    ws, _ = world
+    backend = _backend()
+    sb = backend.start(_spec(ws, "sleep 1000", timeout_s=15))
+    try:
+        assert sb.cgroup is not None
+        assert sb.qemu_pid in sb.cgroup.pids()
+        cap = sb.layers["memory_cap_bytes"]
+        assert isinstance(cap, int) and cap > 512 << 20
+        res = sb.wait()
+        assert (res.exit, res.reason) == (124, "timeout")
+        assert sb.poll() is not None
+        assert not sb.cgroup.pids()
+    finally:
+        sb.close()
+    assert not any(os.path.exists(d) for d in sb.cgroup.dirs.values())
+
+
+_OWNER_SCRIPT = """
+import sys, time
+from corral.sandbox.backend import MicroVMConfig
+from corral.sandbox.spec import Limits, SandboxSpec
+spec = SandboxSpec(argv=("/bin/sh", "-c", "echo up > started; exec sleep 1000"),
+                   workspace=sys.argv[1], env=(),
+                   allow_degraded=frozenset({"kvm"}), limits=Limits(timeout_s=600))
+sb = MicroVMConfig().load().start(spec)
+print(sb.qemu_pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_kill_9_of_the_owner_leaves_no_qemu(world: tuple[Path, Path]) -> None:
+    ws, _ = world
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _OWNER_SCRIPT, str(ws)],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        assert owner.stdout is not None
+        qemu = int(owner.stdout.readline())
+        with open(f"/proc/{qemu}/cmdline", "rb") as fh:
+            assert b"qemu-system-x86_64" in fh.read()
+        pidfd = os.pidfd_open(qemu)
+        # Wait until the guest runs the command, so QEMU is past its start-up
+        # (a QEMU that dies early of SIGPIPE on its stderr would prove nothing).
+        for _ in range(1200):
+            if (ws / "started").exists():
+                break
+            select.select([pidfd], [], [], 0.1)
+        assert (ws / "started").exists(), "the guest never started the command"
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+        if owner.stdout is not None:
+            owner.stdout.close()
+    try:
+        # PDEATHSIG delivers SIGKILL to QEMU when its parent dies; the pidfd
+        # becomes readable once QEMU has exited (no pid reuse confusion).
+        ready, _, _ = select.select([pidfd], [], [], 30)
+        assert ready, f"QEMU {qemu} survived its owner's SIGKILL"
+    finally:
+        os.close(pidfd)
