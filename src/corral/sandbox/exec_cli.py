@@ -417,11 +417,13 @@ def run_exec(argv: Sequence[str]) -> int:
     except UsageError as exc:
         sys.stderr.write(f"corral exec: {exc}\n")
         return EXIT_USAGE
-    if ns.backend != "namespace":
+    if ns.backend == "microvm":
+        from corral.sandbox.microvm.exec import execute
+    elif ns.backend != "namespace":
         sys.stderr.write(f"corral exec: backend {ns.backend!r} is not available in this build\n")
         return EXIT_REFUSED
-
-    from corral.sandbox.exec_run import execute
+    else:
+        from corral.sandbox.exec_run import execute
 
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, _on_signal)

@@ -168,8 +168,19 @@ def _q(value: str) -> str:
     return shlex.quote(value)
 
 
-def init_script(spec: SandboxSpec, shares: tuple[Share, ...], *, uid: int, gid: int) -> str:
+def init_script(
+    spec: SandboxSpec,
+    shares: tuple[Share, ...],
+    *,
+    uid: int,
+    gid: int,
+    guest_binds: tuple[tuple[str, bool], ...] = (),
+) -> str:
     """The guest's /init: mount, run the command as uid:gid, report, reset.
+
+    `guest_binds` are (path, writable) bound over themselves inside the
+    guest after the shares, in order: the protected host-executed workspace
+    paths (read-only) and the directories pinned above them.
 
     The report ("exit N" or "error N message") goes to port 1, which only
     guest root can open; the command never holds it. Everything it prints
@@ -204,6 +215,10 @@ def init_script(spec: SandboxSpec, shares: tuple[Share, ...], *, uid: int, gid: 
             f"$B mount -t 9p -o $opts{ro} {s.tag} {_q(s.guest_path)}"
             f" || fail {_q('cannot mount ' + s.tag)}",
         ]
+    for path, writable in guest_binds:
+        lines.append(f"$B mount -o bind {_q(path)} {_q(path)} || fail {_q('cannot protect')}")
+        if not writable:
+            lines.append(f"$B mount -o remount,bind,ro {_q(path)} || fail {_q('cannot protect')}")
     lines += [
         "$B mkdir -p /var/tmp && $B chmod 1777 /var/tmp",
         f"$B mkdir -p {_q(spec.home)} && $B chown {uid}:{gid} {_q(spec.home)}",

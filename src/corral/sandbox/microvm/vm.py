@@ -52,6 +52,7 @@ from corral.sandbox.spec import Limits, SandboxSpec
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from corral.sandbox.namespace import ExecResult
+    from corral.sandbox.protect import Placeholders
 
 __all__ = [
     "DEFAULT_GUEST_MIB",
@@ -327,8 +328,54 @@ class MicroVMBackend:
         active["network"] = "none"
         assets = _assets.find_assets(cache_dir())
         ident = self._identity(spec)
+        placeholders: Placeholders | None = None
+        guest_binds: tuple[tuple[str, bool], ...] = ()
+        if spec.protect:
+            from corral.sandbox.bwrap import StagedBind
+            from corral.sandbox.protect import start_protection
+
+            trees = [(spec.workspace, True), *((b.path, b.writable) for b in spec.binds)]
+            pairs, placeholders = start_protection(
+                spec, [StagedBind(p, p, w) for p, w in trees], cache_dir()
+            )
+            guest_binds = tuple((b.dest, b.writable) for b in pairs)
+            # The guest kernel enforces these binds for the unprivileged
+            # command; the 9p share under them stays writable by QEMU.
+            active["protect"] = {**placeholders.summary, "enforced_by": "guest kernel"}
         try:
-            script = init_script(spec, shares_for(spec), uid=ident.uid, gid=ident.gid)
+            return self._boot(
+                spec,
+                active=active,
+                accel=accel,
+                assets=assets,
+                ident=ident,
+                guest_binds=guest_binds,
+                placeholders=placeholders,
+                parent_cgroup=parent_cgroup,
+                output=(stdout_fd, stderr_fd),
+            )
+        except BaseException:
+            if placeholders is not None:
+                placeholders.release()
+            raise
+
+    def _boot(
+        self,
+        spec: SandboxSpec,
+        *,
+        active: dict[str, object],
+        accel: str,
+        assets: _assets.Assets,
+        ident: _Identity,
+        guest_binds: tuple[tuple[str, bool], ...],
+        placeholders: Placeholders | None,
+        parent_cgroup: str | None,
+        output: tuple[int, int],
+    ) -> MicroVMSandbox:
+        try:
+            script = init_script(
+                spec, shares_for(spec), uid=ident.uid, gid=ident.gid, guest_binds=guest_binds
+            )
         except ValueError as exc:
             raise SandboxStartError(0, str(exc)) from exc
         with open(assets.base_initramfs, "rb") as fh:
@@ -416,8 +463,8 @@ class MicroVMBackend:
             os.close(fd)
         pumps = (
             _Pump(pipes[0][0], None, limit=4096),
-            _Pump(pipes[1][0], stdout_fd),
-            _Pump(pipes[2][0], stderr_fd),
+            _Pump(pipes[1][0], output[0]),
+            _Pump(pipes[2][0], output[1]),
         )
         assert proc.stderr is not None
         qemu_err = _Pump(proc.stderr.fileno(), None)
@@ -431,6 +478,7 @@ class MicroVMBackend:
             pumps=pumps,
             qemu_err=qemu_err,
             timeout_s=spec.limits.timeout_s,
+            placeholders=placeholders,
         )
 
 
@@ -447,6 +495,7 @@ class MicroVMSandbox:
         pumps: tuple[_Pump, _Pump, _Pump],
         qemu_err: _Pump,
         timeout_s: float | None,
+        placeholders: Placeholders | None = None,
     ) -> None:
         self.proc = proc
         self.cgroup = cgroup
@@ -455,6 +504,8 @@ class MicroVMSandbox:
         self._pumps = pumps
         self._qemu_err = qemu_err
         self._timeout_s = timeout_s
+        #: The protected paths' placeholders (released after teardown).
+        self.placeholders = placeholders
         self._closed = False
 
     @property
@@ -560,6 +611,8 @@ class MicroVMSandbox:
                 with contextlib.suppress(OSError):
                     os.close(p.src)
             self._qemu_err.join(timeout=1.0)
+            if self.placeholders is not None:
+                self.placeholders.release()
             if self.proc.stderr is not None:
                 with contextlib.suppress(OSError):
                     self.proc.stderr.close()
