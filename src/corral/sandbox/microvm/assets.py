@@ -1,7 +1,7 @@
 """The guest's kernel and base initramfs: found, derived once, cached by content.
 
 The kernel is a Debian package's, unpacked (`dpkg -x`, by
-`scripts/install-system.sh`) into `<cache>/microvm/linux`. QEMU's microvm
+`scripts/install-microvm-kernel.sh`) into `<cache>/microvm/linux`. QEMU's microvm
 machine boots an uncompressed ELF `vmlinux` much faster under TCG than the
 package's bzImage (which decompresses itself in emulation), so the xz payload
 is decompressed here once. The base initramfs holds Debian's static busybox
@@ -29,6 +29,7 @@ from corral.sandbox.microvm.plan import GUEST_MODULES
 
 __all__ = [
     "BUSYBOX_PATHS",
+    "SYSTEM_CACHE",
     "AssetError",
     "Assets",
     "base_entries",
@@ -38,6 +39,7 @@ __all__ = [
 ]
 
 BUSYBOX_PATHS = ("/usr/bin/busybox", "/bin/busybox")
+SYSTEM_CACHE = "/var/cache/corral"
 _XZ_MAGIC = b"\xfd7zXZ\x00"
 
 
@@ -127,12 +129,18 @@ def _write_cached(path: str, data: bytes) -> None:
 
 def find_assets(cache: str) -> Assets:
     """The cached vmlinux and base initramfs, derived now if needed. AssetError if impossible."""
+    # The system-wide cache (root's, filled by install-microvm-kernel.sh)
+    # serves unprivileged users too; derived files go to the caller's cache.
     kdir = kernel_dir(cache)
-    images = sorted(glob.glob(os.path.join(kdir, "boot", "vmlinuz-*")))
+    images: list[str] = []
+    for kdir in dict.fromkeys((kernel_dir(cache), kernel_dir(SYSTEM_CACHE))):
+        images = sorted(glob.glob(os.path.join(kdir, "boot", "vmlinuz-*")))
+        if images:
+            break
     if not images:
         raise AssetError(
             f"no Debian kernel in {kdir}"
-            " (scripts/install-system.sh unpacks linux-image-amd64 there)"
+            " (scripts/install-microvm-kernel.sh unpacks linux-image-amd64 there)"
         )
     image = images[-1]
     release = os.path.basename(image)[len("vmlinuz-") :]
@@ -140,6 +148,7 @@ def find_assets(cache: str) -> Assets:
     if busybox_path is None:
         raise AssetError("no static busybox (apt-get install busybox-static)")
     out_dir = os.path.join(cache, "microvm")
+    os.makedirs(out_dir, mode=0o755, exist_ok=True)
     bz = _read_trusted(image)
     vmlinux = os.path.join(out_dir, f"vmlinux-{hashlib.sha256(bz).hexdigest()[:16]}")
     if not _trusted(vmlinux):
