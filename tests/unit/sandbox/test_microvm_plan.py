@@ -226,3 +226,17 @@ def test_kvm_status() -> None:
     assert "/dev/kvm missing" in (kvm_status(hw, dev_kvm=False) or "")
     assert tsc_khz("cpu MHz\t\t: 2445.422\n") == 2445422
     assert tsc_khz("") is None
+
+
+def test_init_script_binds_protected_paths_read_only_after_the_shares() -> None:
+    spec = SandboxSpec(argv=("true",), workspace="/w", env=())
+    script = init_script(
+        spec, shares_for(spec), uid=5, gid=5, guest_binds=(("/w/.git", False), ("/w/d", True))
+    )
+    lines = script.splitlines()
+    ro = lines.index("$B mount -o remount,bind,ro /w/.git || fail 'cannot protect'")
+    assert lines[ro - 1] == "$B mount -o bind /w/.git /w/.git || fail 'cannot protect'"
+    assert "$B mount -o bind /w/d /w/d || fail 'cannot protect'" in lines
+    assert "$B mount -o remount,bind,ro /w/d || fail 'cannot protect'" not in lines
+    at = script.index("remount,bind,ro /w/.git")
+    assert script.index(" ws /w ") < at < script.index("/usr/bin/setpriv")
