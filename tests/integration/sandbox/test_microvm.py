@@ -60,7 +60,10 @@ def _spec(ws: Path, script: str, **limits: float) -> SandboxSpec:
         workspace=str(ws),
         env=ENV,
         allow_degraded=frozenset({"kvm"}),
-        limits=Limits(timeout_s=limits.get("timeout_s", 120)),
+        limits=Limits(
+            timeout_s=limits.get("timeout_s", 120),
+            pids=int(limits["pids"]) if "pids" in limits else None,
+        ),
     )
 
 
@@ -72,6 +75,10 @@ def _attack(canary: Path, port: int) -> str:
         f" (echo hi > /dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo LOOPBACK-REACHED;"
         # The exit report port: the command must not be able to speak for the init.
         " (echo 'exit 0' > /dev/vport0p1) 2>/dev/null && echo REPORT-FORGED;"
+        # A process flood: with --pids 16 most of these forks must fail.
+        " for i in $(seq 40); do (sleep 7 &) 2>/dev/null; done; n=0;"
+        " for c in /proc/[0-9]*/comm; do read -r w < $c && [ \"$w\" = sleep ] && n=$((n+1)); done;"
+        " echo PIDS $n;"
         " exit 7"
     )
 
@@ -93,7 +100,8 @@ def test_boot_exit_output_workspace_and_isolation(world: tuple[Path, Path]) -> N
             listener.accept()[0].close()
 
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        sb = _backend().start(_spec(ws, script), stdout_fd=out.fileno(), stderr_fd=err.fileno())
+        spec = _spec(ws, script, pids=16)
+        sb = _backend().start(spec, stdout_fd=out.fileno(), stderr_fd=err.fileno())
         try:
             res = sb.wait()
         finally:
@@ -119,6 +127,8 @@ def test_boot_exit_output_workspace_and_isolation(world: tuple[Path, Path]) -> N
     assert "CANARY-7f3a" not in stdout
     assert "LOOPBACK-REACHED" not in stdout and accepted == 0
     assert "REPORT-FORGED" not in stdout
+    sleepers = int(stdout.split("PIDS ")[1].split()[0])
+    assert 0 < sleepers < 16, stdout
     assert res.cpu_s > 0 and res.peak_memory_bytes > 0  # the host's counters around QEMU
 
 

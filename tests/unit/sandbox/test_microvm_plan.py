@@ -18,7 +18,7 @@ from corral.sandbox.microvm.plan import (
     shares_for,
 )
 from corral.sandbox.microvm.vm import decide_vm_exit, kvm_status, tsc_khz
-from corral.sandbox.spec import Bind, SandboxSpec
+from corral.sandbox.spec import Bind, Limits, SandboxSpec
 
 SPEC = SandboxSpec(
     argv=("/bin/sh", "-c", "echo 'hi there'; exit 3"),
@@ -240,3 +240,12 @@ def test_init_script_binds_protected_paths_read_only_after_the_shares() -> None:
     assert "$B mount -o remount,bind,ro /w/d || fail 'cannot protect'" not in lines
     at = script.index("remount,bind,ro /w/.git")
     assert script.index(" ws /w ") < at < script.index("/usr/bin/setpriv")
+
+
+def test_init_script_pids_limit_is_the_command_uids_nproc() -> None:
+    spec = SandboxSpec(argv=("true",), workspace="/w", env=(), limits=Limits(pids=17))
+    script = init_script(spec, shares_for(spec), uid=5, gid=5)
+    assert "ulimit -u 17 || fail 'cannot set the pids limit'" in script
+    assert script.index("ulimit -u 17") < script.index("/usr/bin/setpriv")
+    nolimit = SandboxSpec(argv=("true",), workspace="/w", env=())
+    assert "ulimit -u" not in init_script(nolimit, shares_for(nolimit), uid=5, gid=5)

@@ -230,6 +230,13 @@ def init_script(
         f"$B chown {uid}:{gid} /dev/vport0p{PORT_OUT} /dev/vport0p{PORT_ERR}",
         f"$B chmod 0600 /dev/vport0p{PORT_STATUS}",
         f"cd {_q(spec.workspace)} || fail 'cannot enter the workspace'",
+        # RLIMIT_NPROC counts the real uid's processes: in the guest only the
+        # command runs as that uid, so this is the command's pids limit.
+        *(
+            [f"ulimit -u {spec.limits.pids} || fail 'cannot set the pids limit'"]
+            if spec.limits.pids is not None
+            else []
+        ),
         "/usr/bin/setpriv"
         f" --reuid={uid} --regid={gid} --clear-groups"
         " --inh-caps=-all --bounding-set=-all --no-new-privs --"
