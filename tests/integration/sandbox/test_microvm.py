@@ -77,7 +77,7 @@ def _attack(canary: Path, port: int) -> str:
         " (echo 'exit 0' > /dev/vport0p1) 2>/dev/null && echo REPORT-FORGED;"
         # A process flood: with --pids 16 most of these forks must fail.
         " for i in $(seq 40); do (sleep 7 &) 2>/dev/null; done; n=0;"
-        " for c in /proc/[0-9]*/comm; do read -r w < $c && [ \"$w\" = sleep ] && n=$((n+1)); done;"
+        ' for c in /proc/[0-9]*/comm; do read -r w < $c && [ "$w" = sleep ] && n=$((n+1)); done;'
         " echo PIDS $n;"
         " exit 7"
     )
@@ -195,3 +195,24 @@ def test_kill_9_of_the_owner_leaves_no_qemu(world: tuple[Path, Path]) -> None:
         assert ready, f"QEMU {qemu} survived its owner's SIGKILL"
     finally:
         os.close(pidfd)
+
+
+def test_guest_memory_exhaustion_is_oom_and_the_host_cap_holds(world: tuple[Path, Path]) -> None:
+    ws, _ = world
+    # tail -n 1 buffers a newline-free stream whole: 400 MiB in a 128 MiB guest.
+    spec = SandboxSpec(
+        argv=("/bin/bash", "-c", "head -c 400m /dev/zero | tail -n 1 >/dev/null"),
+        workspace=str(ws),
+        env=ENV,
+        allow_degraded=frozenset({"kvm"}),
+        limits=Limits(memory_bytes=128 << 20, timeout_s=300),
+    )
+    sb = _backend().start(spec)
+    try:
+        res = sb.wait()
+    finally:
+        sb.close()
+    assert (res.exit, res.reason) == (137, "oom"), res
+    # The guest kernel killed the command; QEMU itself stayed within its cap.
+    cap = res.layers["memory_cap_bytes"]
+    assert isinstance(cap, int) and res.oom_kills == 0 and 0 < res.peak_memory_bytes <= cap

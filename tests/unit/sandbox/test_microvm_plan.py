@@ -107,7 +107,7 @@ def test_init_script_runs_command_unprivileged_with_exact_env() -> None:
     # The report port is root-only; the command's ports are the command's.
     assert "$B chmod 0600 /dev/vport0p1" in script
     assert "$B chown 1000:1001 /dev/vport0p2 /dev/vport0p3" in script
-    assert 'echo "exit $rc" >/dev/vport0p1' in script
+    assert 'echo "$kind $rc" >/dev/vport0p1' in script
     assert "$B mount -t 9p -o $opts,ro usr /usr" in script
     assert "$B mount -t 9p -o $opts ws /work/ws,1 ||" in script
     # /tmp is mounted before the shares (a workspace below /tmp stays visible).
@@ -172,6 +172,8 @@ def test_module_depends() -> None:
     [
         (b"exit 0\n", ("exit", 0, "")),
         (b"exit 137\n", ("exit", 137, "")),
+        (b"oom 137\n", ("oom", 137, "")),
+        (b"oom 0\n", None),
         (b"error 125 cannot mount ws\n", ("error", 125, "cannot mount ws")),
         # A terminal escape from the guest never reaches a message intact.
         (b"error 125 \x1b[2J\n", ("error", 125, "?[2J")),
@@ -205,6 +207,7 @@ def _decide(
 def test_decide_vm_exit() -> None:
     assert _decide(0, ("exit", 3, "")) == (3, "exited")
     assert _decide(0, ("exit", 137, "")) == (137, "killed")
+    assert _decide(0, ("oom", 137, "")) == (137, "oom")
     assert _decide(0, ("error", 125, "cannot mount ws")) == (125, "refused")
     # No report, or a report from a VM that did not end cleanly, is a failure.
     assert _decide(0, None) == (125, "refused")

@@ -182,7 +182,8 @@ def init_script(
     guest after the shares, in order: the protected host-executed workspace
     paths (read-only) and the directories pinned above them.
 
-    The report ("exit N" or "error N message") goes to port 1, which only
+    The report ("exit N", "oom 137" when the guest kernel OOM-killed the
+    command, or "error N message") goes to port 1, which only
     guest root can open; the command never holds it. Everything it prints
     goes to ports 2 and 3, which the host treats as the command's output.
     """
@@ -237,6 +238,7 @@ def init_script(
             if spec.limits.pids is not None
             else []
         ),
+        'oom0="$($B grep oom_kill /proc/vmstat)"',
         "/usr/bin/setpriv"
         f" --reuid={uid} --regid={gid} --clear-groups"
         " --inh-caps=-all --bounding-set=-all --no-new-privs --"
@@ -246,8 +248,11 @@ def init_script(
         + " ".join(_q(a) for a in spec.argv)
         + f" </dev/null >/dev/vport0p{PORT_OUT} 2>/dev/vport0p{PORT_ERR}",
         "rc=$?",
+        # The guest kernel's OOM-kill counter tells a memory kill from another SIGKILL.
+        "kind=exit",
+        '[ "$rc" = 137 ] && [ "$($B grep oom_kill /proc/vmstat)" != "$oom0" ] && kind=oom',
         # Whatever the command left behind dies with the guest.
-        f'echo "exit $rc" >/dev/vport0p{PORT_STATUS}',
+        f'echo "$kind $rc" >/dev/vport0p{PORT_STATUS}',
         "$B reboot -f",
         "",
     ]
@@ -255,7 +260,7 @@ def init_script(
 
 
 def parse_report(data: bytes) -> tuple[str, int, str] | None:
-    """("exit", N, "") or ("error", N, message) from port 1's bytes, else None.
+    """("exit", N, ""), ("oom", 137, "") or ("error", N, message) from port 1's bytes, else None.
 
     The bytes come from inside the guest: only one bounded line of the exact
     form counts; anything else (several reports, junk) is no report at all.
@@ -268,9 +273,9 @@ def parse_report(data: bytes) -> tuple[str, int, str] | None:
         return None
     kind, _, rest = text.partition(" ")
     num, _, message = rest.partition(" ")
-    if kind not in ("exit", "error") or not num.isdigit() or len(num) > 3:
+    if kind not in ("exit", "oom", "error") or not num.isdigit() or len(num) > 3:
         return None
     code = int(num)
-    if code > 255 or (kind == "exit" and message):
+    if code > 255 or (kind != "error" and message) or (kind == "oom" and code != 137):
         return None
     return kind, code, "".join(c if c.isprintable() else "?" for c in message)[:200]

@@ -129,6 +129,8 @@ def decide_vm_exit(
         kind, code, message = report
         if kind == "error":
             return code, "refused", message
+        if kind == "oom":
+            return 137, "oom", "the guest kernel killed the command (guest memory exhausted)"
         return code, ("killed" if code > 128 else "exited"), ""
     return 125, "refused", f"the VM ended without an exit report (QEMU status {qemu_rc})"
 
