@@ -193,16 +193,6 @@ class _Identity:
     gid: int
 
 
-class MicroVMNet:
-    """The VM's loopback from the host: not reachable yet (no broker channel)."""
-
-    def listen(self, port: int) -> object:
-        raise SandboxStartError(0, "microvm: no host channel to the guest's loopback yet")
-
-    def connect(self, port: int) -> object:
-        raise SandboxStartError(0, "microvm: no host channel to the guest's loopback yet")
-
-
 class MicroVMBackend:
     """QEMU microvm guests (see the module docstring for what is trusted)."""
 
@@ -304,7 +294,12 @@ class MicroVMBackend:
         stdout_fd: int = 1,
         stderr_fd: int = 2,
     ) -> MicroVMSandbox:
-        """Boot a VM for `spec`. `stdout_fd`/`stderr_fd`: where the command's output goes."""
+        """Boot a VM for `spec`. `stdout_fd`/`stderr_fd`: where the command's output goes.
+
+        The guest has no network device and no host channel to its loopback
+        yet: a spec that needs the broker is refused (layer `network`), so
+        `network` is never called.
+        """
         from corral.sandbox.namespace import cache_dir
 
         checks = self.check(spec)
