@@ -135,7 +135,8 @@ def test_boot_exit_output_workspace_and_isolation(world: tuple[Path, Path]) -> N
 def test_timeout_kills_the_whole_vm(world: tuple[Path, Path]) -> None:
     ws, _ = world
     backend = _backend()
-    sb = backend.start(_spec(ws, "sleep 1000", timeout_s=15))
+    # 2 s is shorter than a TCG boot: the limit must count from the command's start.
+    sb = backend.start(_spec(ws, "echo up > started; exec sleep 1000", timeout_s=2))
     try:
         assert sb.cgroup is not None
         assert sb.qemu_pid in sb.cgroup.pids()
@@ -143,6 +144,7 @@ def test_timeout_kills_the_whole_vm(world: tuple[Path, Path]) -> None:
         assert isinstance(cap, int) and cap > 512 << 20
         res = sb.wait()
         assert (res.exit, res.reason) == (124, "timeout")
+        assert (ws / "started").read_text() == "up\n"
         assert sb.poll() is not None
         assert not sb.cgroup.pids()
     finally:

@@ -108,6 +108,7 @@ def test_init_script_runs_command_unprivileged_with_exact_env() -> None:
     assert "$B chmod 0600 /dev/vport0p1" in script
     assert "$B chown 1000:1001 /dev/vport0p2 /dev/vport0p3" in script
     assert 'echo "$kind $rc" >/dev/vport0p1' in script
+    assert script.index("echo start >/dev/vport0p1") < script.index("/usr/bin/setpriv")
     assert "$B mount -t 9p -o $opts,ro usr /usr" in script
     assert "$B mount -t 9p -o $opts ws /work/ws,1 ||" in script
     # /tmp is mounted before the shares (a workspace below /tmp stays visible).
@@ -173,6 +174,9 @@ def test_module_depends() -> None:
         (b"exit 0\n", ("exit", 0, "")),
         (b"exit 137\n", ("exit", 137, "")),
         (b"oom 137\n", ("oom", 137, "")),
+        (b"start\nexit 3\n", ("exit", 3, "")),
+        (b"start\n", None),
+        (b"start\nstart\nexit 3\n", None),
         (b"oom 0\n", None),
         (b"error 125 cannot mount ws\n", ("error", 125, "cannot mount ws")),
         # A terminal escape from the guest never reaches a message intact.

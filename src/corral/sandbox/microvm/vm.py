@@ -40,6 +40,7 @@ from corral.sandbox.cgroup import Cgroup, CgroupUsage, detect_layout, sweep_stal
 from corral.sandbox.microvm import assets as _assets
 from corral.sandbox.microvm.cpio import Entry, archive
 from corral.sandbox.microvm.plan import (
+    START,
     VMPlan,
     build_argv,
     init_script,
@@ -64,6 +65,8 @@ __all__ = [
 ]
 
 DEFAULT_GUEST_MIB = 512
+#: How long a VM may take to reach its command (TCG on a loaded host: tens of seconds).
+BOOT_LIMIT_S = 180.0
 #: QEMU's own memory on top of the guest's, in the VM's cgroup cap. Measured
 #: by bench/microvm.py: ~35 MiB under KVM-class setups, ~120-150 MiB under
 #: TCG with a 64 MiB translation cache; the cap leaves headroom over that.
@@ -166,6 +169,8 @@ class _Pump(threading.Thread):
         self.dst = dst
         self.limit = limit
         self.data = bytearray()
+        #: when the buffer first held the init's "start" line (monotonic)
+        self.started_at: float | None = None
 
     def run(self) -> None:
         while True:
@@ -178,6 +183,8 @@ class _Pump(threading.Thread):
             if self.dst is None:
                 if len(self.data) <= self.limit:
                     self.data += chunk[: self.limit + 1 - len(self.data)]
+                if self.started_at is None and self.data.startswith(START):
+                    self.started_at = time.monotonic()
                 continue
             with contextlib.suppress(OSError):
                 view = memoryview(chunk)
@@ -543,15 +550,31 @@ class MicroVMSandbox:
         self._freezer("THAWED")
 
     def wait(self, timeout_s: float | None = None) -> ExecResult:
-        """Wait for the VM (or the timeout: the spec's unless given), then report."""
+        """Wait for the VM (or the timeout: the spec's unless given), then report.
+
+        The timeout counts from the moment the guest init starts the command;
+        booting is bounded separately (BOOT_LIMIT_S).
+        """
         limit = self._timeout_s if timeout_s is None else timeout_s
         timed_out = False
-        try:
-            self.proc.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            self.kill_all()
-            self.proc.wait()
+        while self.proc.poll() is None:
+            # The limit runs from the init's "start" (the command's first
+            # instant), the boot has its own, host-side bound.
+            began = self._pumps[0].started_at
+            now = time.monotonic()
+            if began is None:
+                left = BOOT_LIMIT_S - (now - self.started)
+            elif limit is not None:
+                left = limit - (now - began)
+            else:
+                left = 1.0
+            if left <= 0:
+                timed_out = True
+                self.kill_all()
+                self.proc.wait()
+                break
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=min(left, 0.05))
         return self._finish(timed_out=timed_out)
 
     def interrupt(self, signum: int) -> ExecResult:
