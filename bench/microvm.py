@@ -53,7 +53,6 @@ def once(backend: MicroVMBackend, ws: str, guest_mib: int) -> tuple[float, float
     r, w = os.pipe()
     t0 = time.perf_counter()
     sb = backend.start(spec, stdout_fd=w)
-    os.close(w)
     accel = str(sb.layers["accel"])
     out = b""
     boot = float("nan")
@@ -70,6 +69,7 @@ def once(backend: MicroVMBackend, ws: str, guest_mib: int) -> tuple[float, float
         res = sb.wait()
     finally:
         sb.close()
+        os.close(w)
         os.close(r)
     free_kib = next(int(x.split()[1]) for x in out.decode().splitlines() if x.startswith("MemFree"))
     overhead = rss_mib - (guest_mib - free_kib / 1024)
