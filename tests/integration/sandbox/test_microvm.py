@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from corral.sandbox.backend import MicroVMConfig
-from corral.sandbox.microvm.vm import MicroVMBackend
+from corral.sandbox.microvm.vm import MicroVMBackend, kvm_status
 from corral.sandbox.spec import Limits, SandboxSpec
 
 pytestmark = [pytest.mark.requires_qemu, pytest.mark.requires_root, pytest.mark.requires_cgroup]
@@ -218,3 +218,29 @@ def test_guest_memory_exhaustion_is_oom_and_the_host_cap_holds(world: tuple[Path
     # The guest kernel killed the command; QEMU itself stayed within its cap.
     cap = res.layers["memory_cap_bytes"]
     assert isinstance(cap, int) and res.oom_kills == 0 and 0 < res.peak_memory_bytes <= cap
+
+
+def _exec(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "corral", "exec", "--backend", "microvm", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+
+
+def test_exec_refuses_tcg_unless_kvm_is_explicitly_degraded(world: tuple[Path, Path]) -> None:
+    ws, _ = world
+    with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
+        if kvm_status(fh.read(), dev_kvm=os.path.exists("/dev/kvm")) is None:
+            pytest.skip("hardware KVM on this host: there is no degradation to refuse")
+    proc = _exec("--workspace", str(ws), "--", "/bin/sh", "-c", "echo ran > ran")
+    assert proc.returncode == 125, proc.stderr
+    first = proc.stderr.splitlines()[0]
+    assert "'kvm' unavailable" in first and "--allow-degraded kvm" in first
+    assert not (ws / "ran").exists()
+    dry = _exec("--allow-degraded", "kvm", "--workspace", str(ws), "--dry-run", "--", "true")
+    assert dry.returncode == 0, dry.stderr
+    assert "qemu-system-x86_64 -M microvm,isa-serial=off -accel tcg" in dry.stdout
