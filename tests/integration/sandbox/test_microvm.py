@@ -244,3 +244,22 @@ def test_exec_refuses_tcg_unless_kvm_is_explicitly_degraded(world: tuple[Path, P
     dry = _exec("--allow-degraded", "kvm", "--workspace", str(ws), "--dry-run", "--", "true")
     assert dry.returncode == 0, dry.stderr
     assert "qemu-system-x86_64 -M microvm,isa-serial=off -accel tcg" in dry.stdout
+
+
+def test_no_setid_file_appears_in_the_workspace_on_the_host(world: tuple[Path, Path]) -> None:
+    ws, _ = world
+    script = (
+        "cp /bin/true su-copy; chmod 4755 su-copy; chmod g+s su-copy;"
+        " install -m 6755 /bin/true su-install; (umask 0; touch plain)"
+        # Still running: QEMU would have set the bits already (live on the host).
+        " ; echo > checked; sleep 1"
+    )
+    sb = _backend().start(_spec(ws, script))
+    try:
+        res = sb.wait()
+    finally:
+        sb.close()
+    assert res.exit != 125, res
+    found = [p.name for p in ws.iterdir() if p.stat().st_mode & 0o6000]
+    assert (ws / "checked").exists() and (ws / "su-copy").exists()
+    assert found == [], found

@@ -32,7 +32,12 @@ def execute(
 
         sys.stdout.write(quote_argv(backend.preview(spec)) + "\n")
         return None
-    from corral.sandbox.exec_run import _created_below, _journal_event, _journal_outcome
+    from corral.sandbox.exec_run import (
+        _created_below,
+        _journal_event,
+        _journal_outcome,
+        _strip_setid,
+    )
 
     run = spec.run_id or f"exec-{os.urandom(4).hex()}"
     with contextlib.ExitStack() as stack:
@@ -62,10 +67,15 @@ def execute(
         finally:
             with contextlib.suppress(Exception):
                 running.close()
+        # The second line behind QEMU's filter: bits that were already on disk.
+        unchecked = _strip_setid(jw, run, spec)
         created = _created_below(jw, spec=spec, run=run, running=running)  # type: ignore[arg-type]
         _journal_outcome(jw, run, result, spec)
         if jw is not None:
             jw.flush()
+    if unchecked:
+        sys.stderr.write(f"corral exec: {unchecked}\n")
+        return result.summary() | {"exit": 125, "message": unchecked}, 125
     if result.message and result.reason == "refused":
         from corral.display import show
 

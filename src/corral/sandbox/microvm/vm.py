@@ -79,7 +79,13 @@ TCG_NOTE = "TCG available (slow, defence in depth only)"
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
 def kvm_status(cpuinfo: str, dev_kvm: bool) -> str | None:
@@ -331,6 +337,18 @@ class MicroVMBackend:
                 active[name] = f"degraded: {reason}"
         active["accel"] = accel
         active["qemu-seccomp"] = True
+        # QEMU's 9p server applies the guest's chmod/open modes to host files:
+        # a filter of corral's own refuses setuid/setgid bits there (M13).
+        vmm_bpf: bytes | None = None
+        try:
+            from corral.sandbox import seccomp
+
+            vmm_bpf = seccomp.cached_bpf(seccomp.VMM_SETID_PROFILE, cache_dir())
+            active["seccomp"] = True
+        except (LayerUnavailableError, SandboxStartError) as exc:
+            if "seccomp" not in spec.allow_degraded:
+                raise
+            active["seccomp"] = f"degraded: {exc}"
         active["network"] = "none"
         assets = _assets.find_assets(cache_dir())
         ident = self._identity(spec)
@@ -359,6 +377,7 @@ class MicroVMBackend:
                 placeholders=placeholders,
                 parent_cgroup=parent_cgroup,
                 output=(stdout_fd, stderr_fd),
+                vmm_bpf=vmm_bpf,
             )
         except BaseException:
             if placeholders is not None:
@@ -377,6 +396,7 @@ class MicroVMBackend:
         placeholders: Placeholders | None,
         parent_cgroup: str | None,
         output: tuple[int, int],
+        vmm_bpf: bytes | None,
     ) -> MicroVMSandbox:
         try:
             script = init_script(
@@ -430,6 +450,9 @@ class MicroVMBackend:
                 active["memory_cap_bytes"] = cap
             parent_pid = os.getpid()
             drop = os.geteuid() == 0 and ident.uid != 0
+            # Built before the fork: the child only makes the one prctl call.
+            bpf_buf = ctypes.create_string_buffer(vmm_bpf or b"", len(vmm_bpf or b""))
+            fprog = _SockFprog(len(vmm_bpf or b"") // 8, ctypes.addressof(bpf_buf))
 
             def child_setup() -> None:
                 for fd in attach:
@@ -439,6 +462,13 @@ class MicroVMBackend:
                     os.setresgid(ident.gid, ident.gid, ident.gid)
                     os.setresuid(ident.uid, ident.uid, ident.uid)
                 _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+                if vmm_bpf and (
+                    _libc.prctl(
+                        _PR_SET_SECCOMP, ctypes.c_ulong(_SECCOMP_MODE_FILTER), ctypes.byref(fprog)
+                    )
+                    != 0
+                ):
+                    raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
                 # After the uid change: changing credentials clears PDEATHSIG.
                 _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
                 if os.getppid() != parent_pid:  # corral died before prctl
