@@ -47,6 +47,7 @@ __all__ = [
     "RET_ALLOW",
     "RET_ERRNO",
     "RET_KILL_PROCESS",
+    "VMM_SETID_PROFILE",
     "ArgCmp",
     "Cmp",
     "SeccompProfile",
