@@ -3,6 +3,9 @@
 set -euo pipefail
 # ripgrep and socat: `corral verify --backend srt` (sandbox-runtime needs both)
 pkgs=(bubblewrap libseccomp2 python3 curl git gcc make socat ripgrep iproute2 util-linux openssl)
+# qemu-system-x86 and busybox-static: `--backend microvm` (its guest kernel: install-microvm-kernel.sh)
+pkgs+=(qemu-system-x86 busybox-static)
+bash "$(dirname "$0")/install-microvm-kernel.sh"
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -109,7 +109,7 @@ PROBES: dict[str, tuple[str, Callable[[], str | None]]] = {
     "requires_curl": ("curl is installed", _curl),
     "requires_sandbox": ("the full namespace sandbox profile can run", _sandbox),
     "requires_runsc": ("runsc (gVisor) is installed", _runsc),
-    "requires_qemu": ("qemu-system-x86_64 is installed (microvm)", _qemu),
+    "requires_qemu": ("QEMU and the microvm guest kernel are installed", _qemu),
 }
 
 

@@ -58,6 +58,10 @@ def doctor(
         status = "[green]available[/]" if r["available"] else "[red]unavailable[/]"
         table.add_row(str(r["layer"]), status, str(r["reason"]), str(r["hint"]))
     console.print(table)
+    # The microvm backend's acceleration, on one unwrapped line (the table wraps it).
+    kvm = next((s for s in layers if s.name == "kvm"), None)
+    if kvm is not None and not kvm.available:
+        typer.echo(f"kvm: {kvm.reason}")
     if ready:
         console.print("[green]The default namespace profile can run on this host.[/]")
     else:

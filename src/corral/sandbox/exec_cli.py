@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from types import FrameType
     from typing import NoReturn
 
+    from corral.sandbox.backend_config import BackendConfig
+    from corral.sandbox.spec import SandboxSpec
+
 __all__ = ["build_spec", "parse_args", "run_exec", "sandbox_env", "validate_path"]
 
 EXIT_USAGE = 2
@@ -430,7 +433,22 @@ def run_exec(argv: Sequence[str]) -> int:
         sys.stderr.write(f"corral exec: {exc}\n")
         return EXIT_USAGE
 
-    from corral.sandbox.exec_run import execute
+    if config.kind == "microvm":
+        from corral.sandbox.microvm.exec import execute as execute_vm
+
+        def execute(
+            spec: SandboxSpec,
+            *,
+            backend: BackendConfig,
+            journal: str | None,
+            dry_run: bool,
+            interrupted_exc: type[BaseException],
+        ) -> tuple[dict[str, object], int] | None:
+            return execute_vm(
+                spec, journal=journal, dry_run=dry_run, interrupted_exc=interrupted_exc
+            )
+    else:
+        from corral.sandbox.exec_run import execute
 
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, _on_signal)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -261,12 +260,14 @@ def probe_kvm() -> LayerStatus:
             "kvm", False, f"/dev/kvm: {exc.strerror}", "load kvm modules or use --backend namespace"
         )
     os.close(fd)
-    cpuinfo = _read("/proc/cpuinfo") or ""
-    if not re.search(r"\b(vmx|svm)\b", cpuinfo):
+    from corral.sandbox.microvm.vm import kvm_status
+
+    reason = kvm_status(_read("/proc/cpuinfo") or "", dev_kvm=True)
+    if reason is not None:
         return LayerStatus(
-            "kvm", True, "/dev/kvm opens but the CPU shows no vmx/svm (paravirtual KVM)"
+            "kvm", False, reason, "--backend microvm --allow-degraded kvm runs it under TCG"
         )
-    return LayerStatus("kvm", True, "/dev/kvm usable")
+    return LayerStatus("kvm", True, "/dev/kvm usable (hardware virtualisation)")
 
 
 def probe_qemu() -> LayerStatus:

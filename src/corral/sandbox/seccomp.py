@@ -47,6 +47,7 @@ __all__ = [
     "RET_ALLOW",
     "RET_ERRNO",
     "RET_KILL_PROCESS",
+    "VMM_SETID_PROFILE",
     "ArgCmp",
     "Cmp",
     "SeccompProfile",
@@ -395,6 +396,9 @@ def _mode_bit_rules(prefix: str) -> list[SeccompRule]:
 
 
 DEFAULT_PROFILE = SeccompProfile("namespace-default", _default_rules())
+#: For a VMM that writes a workspace on the guest's behalf (QEMU's 9p server
+#: under `--backend microvm`): only the setuid/setgid mode rules.
+VMM_SETID_PROFILE = SeccompProfile("vmm-setid", tuple(_mode_bit_rules("vmm: ")))
 
 
 # --- compilation and cache ---------------------------------------------------

@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 
 #: Protection layers a user may explicitly run without (`--allow-degraded`).
 #: bubblewrap, user namespaces and the init are not among them: without
-#: them there is no sandbox at all.
-LAYERS: tuple[str, ...] = ("cgroup", "seccomp", "landlock", "unix")
+#: them there is no sandbox at all. `kvm` is the microvm backend's hardware
+#: acceleration: without it the VM runs under QEMU's TCG emulation.
+LAYERS: tuple[str, ...] = ("cgroup", "seccomp", "landlock", "unix", "kvm")
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 

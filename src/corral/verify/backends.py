@@ -108,6 +108,9 @@ class Backend(ABC):
         """Requirements that make no sense for this backend, with the reason."""
         return {}
 
+    #: A probe's deadline is multiplied by this (a VM under TCG boots for seconds).
+    deadline_scale: float = 1.0
+
     def needs_settings(self) -> bool:
         return False
 
@@ -135,6 +138,8 @@ class CorralBackend(Backend):
 
     def __init__(self, name: str) -> None:
         self.name = name
+        if name == "microvm":
+            self.deadline_scale = 4.0
 
     def argv(self, cmd: list[str], run: RunSpec) -> list[str]:
         out = [
@@ -150,6 +155,10 @@ class CorralBackend(Backend):
         ]
         if self.name != "namespace":
             out += ["--backend", self.name]
+        if self.name == "microvm":
+            # Without hardware KVM the VM runs under TCG; the report's layers
+            # (and the journal) say so.
+            out += ["--allow-degraded", "kvm"]
         lim = run.limits
         if lim.memory is not None:
             out += ["--memory", lim.memory]

@@ -1027,7 +1027,7 @@ class _Suite:
                         proc.pid, signal.SIGKILL if p.during == "kill-backend" else signal.SIGTERM
                     )
         try:
-            proc.wait(p.deadline_s)
+            proc.wait(p.deadline_s * self.backend.deadline_scale)
         except subprocess.TimeoutExpired:
             harness_timeout = True
             with contextlib.suppress(OSError):
@@ -1131,7 +1131,7 @@ class _Suite:
         )
         harness_timeout = False
         try:
-            out, _ = proc.communicate(timeout=p.deadline_s)
+            out, _ = proc.communicate(timeout=p.deadline_s * self.backend.deadline_scale)
         except subprocess.TimeoutExpired:
             harness_timeout = True
             # SIGTERM is `corral stop`: the coordinator kills the run's cgroups itself.

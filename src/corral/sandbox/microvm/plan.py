@@ -1,0 +1,288 @@
+"""What a microVM run is, as pure data: the QEMU command line and the guest's init.
+
+`VMPlan` holds everything `build_argv` needs; `init_script` renders the
+guest's /init (a busybox shell script) from a `SandboxSpec`. Neither does
+I/O, so both are golden-tested, and `--dry-run` prints `build_argv`.
+
+Guest devices (virtio-mmio, `-M microvm`, no PCI, no NIC):
+
+- virtio-serial ports with fixed numbers: 1 the exit report (root-only in
+  the guest), 2 the command's stdout, 3 its stderr; each is a host pipe;
+- 9p shares: the host's /usr read-only (tag "usr"), the workspace (tag
+  "ws") and each bind ("b0", "b1", ...) at the same path as on the host.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from corral.sandbox.spec import SandboxSpec
+
+__all__ = [
+    "GUEST_MODULES",
+    "PORT_ERR",
+    "PORT_OUT",
+    "PORT_STATUS",
+    "START",
+    "Share",
+    "VMPlan",
+    "build_argv",
+    "init_script",
+    "kernel_cmdline",
+    "parse_report",
+]
+
+PORT_STATUS = 1
+PORT_OUT = 2
+PORT_ERR = 3
+
+#: Kernel modules the guest loads, in dependency order (Debian builds them as modules).
+GUEST_MODULES: tuple[str, ...] = (
+    "virtio_ring",
+    "virtio",
+    "virtio_mmio",
+    "virtio_console",
+    "netfs",
+    "fscache",
+    "9pnet",
+    "9pnet_virtio",
+    "9p",
+)
+
+BUSYBOX = "/corral/busybox"
+#: The init's first line on port 1, just before it runs the command.
+START = b"start\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """A host directory the guest mounts over 9p at `guest_path`."""
+
+    tag: str
+    host_path: str
+    guest_path: str
+    writable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class VMPlan:
+    """Everything the QEMU command line depends on."""
+
+    qemu: str
+    kernel: str
+    initrd: str
+    accel: str  # "kvm" or "tcg"
+    memory_mib: int
+    cpus: int
+    shares: tuple[Share, ...]
+    #: host paths QEMU opens for ports 1..3 (pipes, as /proc/self/fd/N)
+    status_path: str
+    stdout_path: str
+    stderr_path: str
+    tsc_khz: int | None = None
+    #: TCG translation-cache size (MiB): bounds the VMM's own memory
+    tb_size_mib: int = 64
+
+
+def kernel_cmdline(plan: VMPlan) -> str:
+    # reboot=t: the guest resets by triple fault, which `-no-reboot` turns
+    # into QEMU exiting; panic=-1 makes a guest panic do the same.
+    parts = ["quiet", "loglevel=0", "reboot=t", "panic=-1", "rdinit=/init"]
+    if plan.tsc_khz:
+        # TSC calibration against the emulated PIT takes seconds under TCG.
+        parts.append(f"tsc_early_khz={plan.tsc_khz}")
+    return " ".join(parts)
+
+
+def build_argv(plan: VMPlan) -> list[str]:
+    """QEMU's argv for `plan`: a fresh list on every call."""
+    if plan.accel == "kvm":
+        accel = ["-accel", "kvm", "-cpu", "host"]
+    else:
+        accel = ["-accel", f"tcg,tb-size={plan.tb_size_mib}", "-cpu", "max"]
+    argv = [
+        plan.qemu,
+        "-M",
+        "microvm,isa-serial=off",
+        *accel,
+        "-m",
+        str(plan.memory_mib),
+        "-smp",
+        str(plan.cpus),
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-nic",
+        "none",
+        "-no-reboot",
+        # QEMU's own seccomp filter: no exec, no setuid, no obsolete syscalls.
+        "-sandbox",
+        "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+        "-kernel",
+        plan.kernel,
+        "-initrd",
+        plan.initrd,
+        "-append",
+        kernel_cmdline(plan),
+        "-device",
+        "virtio-serial-device,max_ports=8",
+    ]
+    for nr, cid, path in (
+        (PORT_STATUS, "status", plan.status_path),
+        (PORT_OUT, "out", plan.stdout_path),
+        (PORT_ERR, "err", plan.stderr_path),
+    ):
+        argv += [
+            "-chardev",
+            f"file,id={cid},path={path},append=on",
+            "-device",
+            f"virtserialport,chardev={cid},nr={nr},name={cid}",
+        ]
+    for s in plan.shares:
+        ro = "" if s.writable else ",readonly=on"
+        argv += [
+            "-fsdev",
+            f"local,id={s.tag},path={_qemu_opt(s.host_path)},security_model=none,multidevs=remap{ro}",
+            "-device",
+            f"virtio-9p-device,fsdev={s.tag},mount_tag={s.tag}",
+        ]
+    return argv
+
+
+def _qemu_opt(value: str) -> str:
+    # QEMU option values escape a comma by doubling it.
+    return value.replace(",", ",,")
+
+
+def shares_for(spec: SandboxSpec) -> tuple[Share, ...]:
+    """The 9p shares a spec needs: /usr (ro), the workspace (rw), its binds."""
+    shares = [
+        Share("usr", "/usr", "/usr", False),
+        Share("ws", spec.workspace, spec.workspace, True),
+    ]
+    for i, b in enumerate(spec.binds):
+        shares.append(Share(f"b{i}", b.path, b.path, b.writable))
+    return tuple(shares)
+
+
+def _q(value: str) -> str:
+    return shlex.quote(value)
+
+
+def init_script(
+    spec: SandboxSpec,
+    shares: tuple[Share, ...],
+    *,
+    uid: int,
+    gid: int,
+    guest_binds: tuple[tuple[str, bool], ...] = (),
+) -> str:
+    """The guest's /init: mount, run the command as uid:gid, report, reset.
+
+    `guest_binds` are (path, writable) bound over themselves inside the
+    guest after the shares, in order: the protected host-executed workspace
+    paths (read-only) and the directories pinned above them.
+
+    The report ("exit N", "oom 137" when the guest kernel OOM-killed the
+    command, or "error N message") goes to port 1, which only
+    guest root can open; the command never holds it. Everything it prints
+    goes to ports 2 and 3, which the host treats as the command's output.
+    """
+    b = BUSYBOX
+    env = [f"{k}={v}" for k, v in spec.env]
+    for k, _ in spec.env:
+        if not k or "=" in k or "\0" in k:
+            raise ValueError(f"bad environment name {k!r}")
+    if "=" in spec.argv[0]:
+        # env(1) would read it as an assignment.
+        raise ValueError(f"a command name may not contain '=': {spec.argv[0]!r}")
+    lines = [
+        f"#!{b} sh",
+        f"B={b}",
+        f'fail() {{ echo "error 125 $1" >/dev/vport0p{PORT_STATUS}; $B reboot -f; }}',
+        "$B mount -t proc -o nosuid,nodev,noexec proc /proc",
+        "$B mount -t sysfs -o nosuid,nodev,noexec sys /sys",
+        "$B mount -t devtmpfs -o nosuid,noexec dev /dev",
+        f"for m in {' '.join(GUEST_MODULES)}; do",
+        '  $B insmod /corral/modules/$m.ko || fail "cannot load $m"',
+        "done",
+        # /tmp first: a workspace below /tmp is mounted on top of it.
+        "$B mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /tmp",
+        "opts=trans=virtio,version=9p2000.L,cache=none,msize=262144,nosuid,nodev",
+    ]
+    for s in shares:
+        ro = ",ro" if not s.writable else ""
+        lines += [
+            f"$B mkdir -p {_q(s.guest_path)}",
+            f"$B mount -t 9p -o $opts{ro} {s.tag} {_q(s.guest_path)}"
+            f" || fail {_q('cannot mount ' + s.tag)}",
+        ]
+    for path, writable in guest_binds:
+        lines.append(f"$B mount -o bind {_q(path)} {_q(path)} || fail {_q('cannot protect')}")
+        if not writable:
+            lines.append(f"$B mount -o remount,bind,ro {_q(path)} || fail {_q('cannot protect')}")
+    lines += [
+        "$B mkdir -p /var/tmp && $B chmod 1777 /var/tmp",
+        f"$B mkdir -p {_q(spec.home)} && $B chown {uid}:{gid} {_q(spec.home)}",
+        f"$B hostname {_q(spec.hostname)}",
+        f"echo 'corral:x:{uid}:{gid}::{spec.home}:/bin/sh' >/etc/passwd",
+        f"echo 'corral:x:{gid}:' >/etc/group",
+        f"echo '127.0.0.1 localhost {spec.hostname}' >/etc/hosts",
+        "$B ip link set lo up",
+        f"$B chown {uid}:{gid} /dev/vport0p{PORT_OUT} /dev/vport0p{PORT_ERR}",
+        f"$B chmod 0600 /dev/vport0p{PORT_STATUS}",
+        f"cd {_q(spec.workspace)} || fail 'cannot enter the workspace'",
+        # RLIMIT_NPROC counts the real uid's processes: in the guest only the
+        # command runs as that uid, so this is the command's pids limit.
+        *(
+            [f"ulimit -u {spec.limits.pids} || fail 'cannot set the pids limit'"]
+            if spec.limits.pids is not None
+            else []
+        ),
+        'oom0="$($B grep oom_kill /proc/vmstat)"',
+        # The host's --timeout counts from here, not from the (slow under TCG) boot.
+        f"echo start >/dev/vport0p{PORT_STATUS}",
+        "/usr/bin/setpriv"
+        f" --reuid={uid} --regid={gid} --clear-groups"
+        " --inh-caps=-all --bounding-set=-all --no-new-privs --"
+        " /usr/bin/env -i -- "
+        + " ".join(_q(e) for e in env)
+        + " "
+        + " ".join(_q(a) for a in spec.argv)
+        + f" </dev/null >/dev/vport0p{PORT_OUT} 2>/dev/vport0p{PORT_ERR}",
+        "rc=$?",
+        # The guest kernel's OOM-kill counter tells a memory kill from another SIGKILL.
+        "kind=exit",
+        '[ "$rc" = 137 ] && [ "$($B grep oom_kill /proc/vmstat)" != "$oom0" ] && kind=oom',
+        # Whatever the command left behind dies with the guest.
+        f'echo "$kind $rc" >/dev/vport0p{PORT_STATUS}',
+        "$B reboot -f",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def parse_report(data: bytes) -> tuple[str, int, str] | None:
+    """("exit", N, ""), ("oom", 137, "") or ("error", N, message) from port 1's bytes, else None.
+
+    The bytes come from inside the guest: after the init's "start" line,
+    only one bounded line of the exact form counts; anything else (several
+    reports, junk) is no report at all.
+    """
+    data = data.removeprefix(START)
+    if len(data) > 4096 or data.count(b"\n") != 1 or not data.endswith(b"\n"):
+        return None
+    try:
+        text = data[:-1].decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    kind, _, rest = text.partition(" ")
+    num, _, message = rest.partition(" ")
+    if kind not in ("exit", "oom", "error") or not num.isdigit() or len(num) > 3:
+        return None
+    code = int(num)
+    if code > 255 or (kind != "error" and message) or (kind == "oom" and code != 137):
+        return None
+    return kind, code, "".join(c if c.isprintable() else "?" for c in message)[:200]

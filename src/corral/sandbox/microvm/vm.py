@@ -1,0 +1,680 @@
+"""The microVM backend: one QEMU `-M microvm` guest per sandbox.
+
+What the host trusts, and why (the guest kernel and its init are inside the
+VM, within the command's reach once it has a guest kernel exploit; the VMM,
+QEMU, is the host side, confined by its cgroup, its uid and its seccomp
+filter):
+
+- exit status: the guest init's one-line report on virtio-serial port 1,
+  which only guest root can open (the command runs as the workspace owner's
+  uid with no capabilities). A command that became guest root can forge it,
+  but the number is one the command could have chosen with `exit(N)`
+  anyway; the report is bounded and strictly parsed, and anything but
+  exactly one well-formed line is "no report", 125. A VM that ends without
+  a report is a failure, never a success.
+- timeout, kill, teardown: the host's own clock and QEMU's process; QEMU is
+  corral's child with PDEATHSIG and lives in the sandbox's cgroup, so
+  killing the cgroup (or corral) ends the whole VM.
+- cpu, memory, OOM kills: the host's cgroup counters around QEMU; a VM
+  that exceeds guest memory + VMM overhead is OOM-killed by the host (137).
+- stdout/stderr: ports 2 and 3, passed through as the command's output
+  (hostile bytes, as with every backend).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import math
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from corral.errors import CgroupError, LayerUnavailableError, SandboxStartError
+from corral.sandbox.backend import MicroVMConfig, SandboxNet
+from corral.sandbox.cgroup import Cgroup, CgroupUsage, detect_layout, sweep_stale
+from corral.sandbox.microvm import assets as _assets
+from corral.sandbox.microvm.cpio import Entry, archive
+from corral.sandbox.microvm.plan import (
+    START,
+    VMPlan,
+    build_argv,
+    init_script,
+    parse_report,
+    shares_for,
+)
+from corral.sandbox.spec import Limits, SandboxSpec
+
+# Not `typing.TYPE_CHECKING`: importing typing costs ~5 ms on every `corral exec`.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from corral.sandbox.namespace import ExecResult
+    from corral.sandbox.protect import Placeholders
+    from corral.sandbox.spec import ExitReason
+    from corral.sandbox.unix_admit import UnixConnectEvent
+
+__all__ = [
+    "DEFAULT_GUEST_MIB",
+    "VMM_OVERHEAD_MIB",
+    "MicroVMBackend",
+    "MicroVMSandbox",
+    "decide_vm_exit",
+    "kvm_status",
+]
+
+DEFAULT_GUEST_MIB = 512
+#: How long a VM may take to reach its command (TCG on a loaded host: tens of seconds).
+BOOT_LIMIT_S = 180.0
+#: QEMU's own memory on top of the guest's, in the VM's cgroup cap. Measured
+#: by bench/microvm.py under TCG with a 64 MiB translation cache: 172-177 MiB
+#: (2026-12, this host); the KVM figure is the target (no hardware KVM here to
+#: measure it). Each leaves headroom over the measurement.
+VMM_OVERHEAD_MIB = {"kvm": 64, "tcg": 256}
+#: QEMU's threads (vCPU, RCU, the 9p worker pool): its pids cap on the host.
+VMM_PIDS = 128
+
+TCG_NOTE = "TCG available (slow, defence in depth only)"
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def kvm_status(cpuinfo: str, dev_kvm: bool) -> str | None:
+    """None when hardware KVM can run the guest, else why not (pure).
+
+    A /dev/kvm without vmx/svm in the CPU flags is a paravirtual KVM (e.g.
+    KVM-PVM): it opens and creates VMs, but stock guest kernels never reach
+    user space under it.
+    """
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.partition(":")[2].split())
+    hw = bool(flags & {"vmx", "svm"})
+    if hw and dev_kvm:
+        return None
+    if dev_kvm:
+        return f"paravirtual, not usable for microvm; {TCG_NOTE}"
+    if hw:
+        return f"/dev/kvm missing (load kvm_intel/kvm_amd); {TCG_NOTE}"
+    return f"no hardware virtualisation; {TCG_NOTE}"
+
+
+def tsc_khz(cpuinfo: str) -> int | None:
+    """The host's TSC frequency in kHz from /proc/cpuinfo's 'cpu MHz' (pure)."""
+    for line in cpuinfo.splitlines():
+        if line.startswith("cpu MHz"):
+            with contextlib.suppress(ValueError):
+                return int(float(line.partition(":")[2]) * 1000)
+    return None
+
+
+def decide_vm_exit(
+    *,
+    qemu_rc: int | None,
+    report: tuple[str, int, str] | None,
+    oom_kills: int,
+    timed_out: bool,
+    interrupted: int,
+) -> tuple[int, ExitReason, str]:
+    """(exit status, reason, message) of a finished VM (pure)."""
+    if timed_out:
+        return 124, "timeout", ""
+    if interrupted:
+        return 128 + interrupted, "killed", ""
+    if qemu_rc is not None and qemu_rc < 0:
+        if oom_kills > 0:
+            return 137, "oom", "the VM exceeded its memory cap (guest + VMM overhead)"
+        return 128 - qemu_rc, "killed", ""
+    if qemu_rc == 0 and report is not None:
+        kind, code, message = report
+        if kind == "error":
+            return code, "refused", message
+        if kind == "oom":
+            return 137, "oom", "the guest kernel killed the command (guest memory exhausted)"
+        return code, ("killed" if code > 128 else "exited"), ""
+    return 125, "refused", f"the VM ended without an exit report (QEMU status {qemu_rc})"
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+def _which(name: str) -> str | None:
+    for d in os.environ.get("PATH", "/usr/bin:/bin").split(":"):
+        cand = os.path.join(d or ".", name)
+        if os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def _prctl(option: int, arg: int) -> None:
+    if _libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl({option}): {os.strerror(err)}")
+
+
+class _Pump(threading.Thread):
+    """Copies one pipe to a descriptor (or into a bounded buffer) until EOF."""
+
+    def __init__(self, src: int, dst: int | None, limit: int = 1 << 16) -> None:
+        super().__init__(daemon=True)
+        self.src = src
+        self.dst = dst
+        self.limit = limit
+        self.data = bytearray()
+        #: when the buffer first held the init's "start" line (monotonic)
+        self.started_at: float | None = None
+
+    def run(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.src, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            if self.dst is None:
+                if len(self.data) <= self.limit:
+                    self.data += chunk[: self.limit + 1 - len(self.data)]
+                if self.started_at is None and self.data.startswith(START):
+                    self.started_at = time.monotonic()
+                continue
+            with contextlib.suppress(OSError):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(self.dst, view) :]
+
+
+@dataclass(frozen=True, slots=True)
+class _Identity:
+    """Who QEMU runs as on the host (and the command inside the guest)."""
+
+    uid: int
+    gid: int
+
+
+class MicroVMBackend:
+    """QEMU microvm guests (see the module docstring for what is trusted)."""
+
+    kind = "microvm"
+
+    def __init__(self, config: MicroVMConfig) -> None:
+        self.config = config
+
+    # -- checks -----------------------------------------------------------
+    def _qemu(self) -> str | None:
+        return self.config.qemu or _which("qemu-system-x86_64")
+
+    def _accel(self, kvm_reason: str | None) -> str:
+        if self.config.accel == "auto":
+            return "kvm" if kvm_reason is None else "tcg"
+        return self.config.accel
+
+    def check(self, spec: SandboxSpec) -> Mapping[str, str | None]:
+        from corral.sandbox.namespace import cache_dir
+
+        layers: dict[str, str | None] = {}
+        layers["qemu"] = None if self._qemu() else "qemu-system-x86_64 not found (qemu-system-x86)"
+        try:
+            _assets.find_assets(cache_dir())
+            layers["kernel"] = None
+        except (_assets.AssetError, OSError) as exc:
+            layers["kernel"] = str(exc)
+        layers["kvm"] = kvm_status(_read("/proc/cpuinfo"), os.path.exists("/dev/kvm"))
+        if self.config.accel == "tcg" and layers["kvm"] is None:
+            layers["kvm"] = f"not used (accel = tcg); {TCG_NOTE}"
+        layers["cgroup"] = None if detect_layout() is not None else "no cgroup hierarchy mounted"
+        layers["network"] = (
+            "the microvm backend has no broker channel yet: only --network none"
+            if spec.network.needs_broker
+            else None
+        )
+        return layers
+
+    # -- plan -------------------------------------------------------------
+    def _identity(self, spec: SandboxSpec) -> _Identity:
+        if os.geteuid() != 0:
+            return _Identity(os.geteuid(), os.getegid())
+        try:
+            st = os.stat(spec.workspace)
+        except OSError as exc:
+            raise SandboxStartError(
+                exc.errno, f"workspace {spec.workspace}: {exc.strerror}"
+            ) from exc
+        # QEMU creates workspace files as itself: run it as the workspace's
+        # owner so they are the caller's, and never as root when it can be avoided.
+        return _Identity(st.st_uid, st.st_gid)
+
+    def _plan(
+        self,
+        spec: SandboxSpec,
+        *,
+        accel: str,
+        kernel: str,
+        initrd: str,
+        ports: tuple[str, str, str],
+    ) -> VMPlan:
+        mem = spec.limits.memory_bytes
+        guest_mib = DEFAULT_GUEST_MIB if mem is None else max(64, mem >> 20)
+        cpus = 1 if spec.limits.cpus is None else max(1, math.ceil(spec.limits.cpus))
+        return VMPlan(
+            qemu=self._qemu() or "qemu-system-x86_64",
+            kernel=kernel,
+            initrd=initrd,
+            accel=accel,
+            memory_mib=guest_mib,
+            cpus=cpus,
+            shares=shares_for(spec),
+            status_path=ports[0],
+            stdout_path=ports[1],
+            stderr_path=ports[2],
+            tsc_khz=tsc_khz(_read("/proc/cpuinfo")) if accel == "tcg" else None,
+        )
+
+    def preview(self, spec: SandboxSpec) -> list[str]:
+        from corral.sandbox.namespace import cache_dir
+
+        try:
+            kernel = _assets.find_assets(cache_dir()).vmlinux
+        except (_assets.AssetError, OSError):
+            kernel = "<vmlinux>"
+        accel = self._accel(kvm_status(_read("/proc/cpuinfo"), os.path.exists("/dev/kvm")))
+        fds = ("/proc/self/fd/4", "/proc/self/fd/5", "/proc/self/fd/6")
+        return build_argv(
+            self._plan(spec, accel=accel, kernel=kernel, initrd="/proc/self/fd/3", ports=fds)
+        )
+
+    # -- start ------------------------------------------------------------
+    def start(
+        self,
+        spec: SandboxSpec,
+        *,
+        parent_cgroup: str | None = None,
+        network: Callable[[SandboxNet], None] | None = None,
+        stdio: tuple[int | None, int | None, int | None] | None = None,
+        unix_observer: Callable[[UnixConnectEvent], None] | None = None,
+        stdout_fd: int = 1,
+        stderr_fd: int = 2,
+    ) -> MicroVMSandbox:
+        """Boot a VM for `spec`. `stdout_fd`/`stderr_fd` (or `stdio`'s last two):
+        where the command's output goes (the caller keeps them open until
+        `close()`); the guest's stdin is always empty. `unix_observer` is never
+        called: a host unix socket is not reachable through 9p (the guest's
+        connect() meets a guest inode with no listener).
+
+        The guest has no network device and no host channel to its loopback
+        yet: a spec that needs the broker is refused (layer `network`), so
+        `network` is never called.
+        """
+        from corral.sandbox.namespace import cache_dir
+
+        if stdio is not None:
+            stdout_fd = stdio[1] if stdio[1] is not None else stdout_fd
+            stderr_fd = stdio[2] if stdio[2] is not None else stderr_fd
+        checks = self.check(spec)
+        active: dict[str, object] = {"backend": "microvm"}
+        for name in ("qemu", "kernel", "network"):
+            reason = checks[name]
+            if reason is not None:
+                raise LayerUnavailableError(name, reason)
+        kvm_reason = checks["kvm"]
+        if self.config.accel == "kvm" and kvm_reason is not None:
+            raise LayerUnavailableError("kvm", kvm_reason)
+        accel = self._accel(kvm_reason)
+        for name in ("kvm", "cgroup"):
+            reason = checks[name]
+            if reason is None:
+                active[name] = True
+            elif name not in spec.allow_degraded:
+                raise LayerUnavailableError(name, reason, degradable=True)
+            else:
+                active[name] = f"degraded: {reason}"
+        active["accel"] = accel
+        active["qemu-seccomp"] = True
+        # QEMU's 9p server applies the guest's chmod/open modes to host files:
+        # a filter of corral's own refuses setuid/setgid bits there (M13).
+        vmm_bpf: bytes | None = None
+        try:
+            from corral.sandbox import seccomp
+
+            vmm_bpf = seccomp.cached_bpf(seccomp.VMM_SETID_PROFILE, cache_dir())
+            active["seccomp"] = True
+        except (LayerUnavailableError, SandboxStartError) as exc:
+            if "seccomp" not in spec.allow_degraded:
+                raise
+            active["seccomp"] = f"degraded: {exc}"
+        active["network"] = "none"
+        assets = _assets.find_assets(cache_dir())
+        ident = self._identity(spec)
+        placeholders: Placeholders | None = None
+        guest_binds: tuple[tuple[str, bool], ...] = ()
+        if spec.protect:
+            from corral.sandbox.bwrap import StagedBind
+            from corral.sandbox.protect import start_protection
+
+            trees = [(spec.workspace, True), *((b.path, b.writable) for b in spec.binds)]
+            pairs, placeholders = start_protection(
+                spec, [StagedBind(p, p, w) for p, w in trees], cache_dir()
+            )
+            guest_binds = tuple((b.dest, b.writable) for b in pairs)
+            # The guest kernel enforces these binds for the unprivileged
+            # command; the 9p share under them stays writable by QEMU.
+            active["protect"] = {**placeholders.summary, "enforced_by": "guest kernel"}
+        try:
+            return self._boot(
+                spec,
+                active=active,
+                accel=accel,
+                assets=assets,
+                ident=ident,
+                guest_binds=guest_binds,
+                placeholders=placeholders,
+                parent_cgroup=parent_cgroup,
+                output=(stdout_fd, stderr_fd),
+                vmm_bpf=vmm_bpf,
+            )
+        except BaseException:
+            if placeholders is not None:
+                placeholders.release()
+            raise
+
+    def _boot(
+        self,
+        spec: SandboxSpec,
+        *,
+        active: dict[str, object],
+        accel: str,
+        assets: _assets.Assets,
+        ident: _Identity,
+        guest_binds: tuple[tuple[str, bool], ...],
+        placeholders: Placeholders | None,
+        parent_cgroup: str | None,
+        output: tuple[int, int],
+        vmm_bpf: bytes | None,
+    ) -> MicroVMSandbox:
+        try:
+            script = init_script(
+                spec, shares_for(spec), uid=ident.uid, gid=ident.gid, guest_binds=guest_binds
+            )
+        except ValueError as exc:
+            raise SandboxStartError(0, str(exc)) from exc
+        with open(assets.base_initramfs, "rb") as fh:
+            base = fh.read()
+        run_cpio = archive([Entry.file("init", script.encode(), 0o755)], first_ino=1 << 20)
+        opened: list[int] = []
+        cgroup: Cgroup | None = None
+        try:
+            initrd = os.memfd_create("corral-initrd", os.MFD_CLOEXEC)
+            opened.append(initrd)
+            os.write(initrd, base + run_cpio)
+            pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
+            for r, w in pipes:
+                opened += [r, w]
+            child_fds = [initrd] + [w for _, w in pipes]
+            if os.geteuid() == 0:
+                # QEMU reopens each descriptor through /proc/self/fd as its own uid.
+                for fd in child_fds:
+                    os.fchown(fd, ident.uid, ident.gid)
+            ports = (
+                f"/proc/self/fd/{pipes[0][1]}",
+                f"/proc/self/fd/{pipes[1][1]}",
+                f"/proc/self/fd/{pipes[2][1]}",
+            )
+            plan = self._plan(
+                spec,
+                accel=accel,
+                kernel=assets.vmlinux,
+                initrd=f"/proc/self/fd/{initrd}",
+                ports=ports,
+            )
+            layout = detect_layout() if active["cgroup"] is True else None
+            attach: list[int] = []
+            if layout is not None:
+                parent = parent_cgroup or "corral"
+                if parent_cgroup is None:
+                    sweep_stale(layout, parent)
+                cap = (plan.memory_mib + VMM_OVERHEAD_MIB[accel]) << 20
+                cgroup = Cgroup.create(
+                    layout,
+                    f"{parent}/microvm-{os.getpid()}-{os.urandom(4).hex()}",
+                    Limits(memory_bytes=cap, pids=VMM_PIDS, cpus=spec.limits.cpus),
+                )
+                attach = cgroup.open_attach_fds()
+                opened += attach
+                active["memory_cap_bytes"] = cap
+            parent_pid = os.getpid()
+            drop = os.geteuid() == 0 and ident.uid != 0
+            # Built before the fork: the child only makes the one prctl call.
+            bpf_buf = ctypes.create_string_buffer(vmm_bpf or b"", len(vmm_bpf or b""))
+            fprog = _SockFprog(len(vmm_bpf or b"") // 8, ctypes.addressof(bpf_buf))
+
+            def child_setup() -> None:
+                for fd in attach:
+                    os.write(fd, b"0")
+                if drop:
+                    os.setgroups([])
+                    os.setresgid(ident.gid, ident.gid, ident.gid)
+                    os.setresuid(ident.uid, ident.uid, ident.uid)
+                _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+                if vmm_bpf and (
+                    _libc.prctl(
+                        _PR_SET_SECCOMP, ctypes.c_ulong(_SECCOMP_MODE_FILTER), ctypes.byref(fprog)
+                    )
+                    != 0
+                ):
+                    raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+                # After the uid change: changing credentials clears PDEATHSIG.
+                _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+                if os.getppid() != parent_pid:  # corral died before prctl
+                    os._exit(125)
+
+            started = time.monotonic()
+            try:
+                proc = subprocess.Popen(
+                    build_argv(plan),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    pass_fds=child_fds,
+                    preexec_fn=child_setup,  # noqa: PLW1509 - corral is single-threaded here
+                    close_fds=True,
+                )
+            except OSError as exc:
+                raise SandboxStartError(exc.errno, f"cannot start QEMU: {exc.strerror}") from exc
+        except BaseException:
+            for fd in opened:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            if cgroup is not None:
+                with contextlib.suppress(CgroupError):
+                    cgroup.remove(timeout_s=1.0)
+            raise
+        for fd in [initrd, *(w for _, w in pipes), *attach]:
+            os.close(fd)
+        pumps = (
+            _Pump(pipes[0][0], None, limit=4096),
+            _Pump(pipes[1][0], output[0]),
+            _Pump(pipes[2][0], output[1]),
+        )
+        assert proc.stderr is not None
+        qemu_err = _Pump(proc.stderr.fileno(), None)
+        for p in (*pumps, qemu_err):
+            p.start()
+        return MicroVMSandbox(
+            proc=proc,
+            cgroup=cgroup,
+            layers=active,
+            started=started,
+            pumps=pumps,
+            qemu_err=qemu_err,
+            timeout_s=spec.limits.timeout_s,
+            placeholders=placeholders,
+        )
+
+
+class MicroVMSandbox:
+    """A running VM. `wait()` or `interrupt()` reports; `close()` last, always."""
+
+    def __init__(
+        self,
+        *,
+        proc: subprocess.Popen[bytes],
+        cgroup: Cgroup | None,
+        layers: dict[str, object],
+        started: float,
+        pumps: tuple[_Pump, _Pump, _Pump],
+        qemu_err: _Pump,
+        timeout_s: float | None,
+        placeholders: Placeholders | None = None,
+    ) -> None:
+        self.proc = proc
+        self.cgroup = cgroup
+        self._layers = layers
+        self.started = started
+        self._pumps = pumps
+        self._qemu_err = qemu_err
+        self._timeout_s = timeout_s
+        #: The protected paths' placeholders (released after teardown).
+        self.placeholders = placeholders
+        self._closed = False
+
+    @property
+    def layers(self) -> Mapping[str, object]:
+        return dict(self._layers)
+
+    @property
+    def qemu_pid(self) -> int:
+        return self.proc.pid
+
+    def qemu_stderr(self) -> bytes:
+        """What QEMU itself printed (bounded), for diagnostics."""
+        return bytes(self._qemu_err.data)
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def usage(self) -> CgroupUsage | None:
+        return self.cgroup.usage() if self.cgroup else None
+
+    def kill_all(self) -> None:
+        if self.cgroup is not None:
+            with contextlib.suppress(CgroupError):
+                self.cgroup.kill()
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+
+    def _freezer(self, state: str) -> None:
+        if self.cgroup is None or "freezer" not in self.cgroup.dirs:
+            raise CgroupError(0, "freezer unavailable")
+        with open(os.path.join(self.cgroup.dirs["freezer"], "freezer.state"), "w") as fh:
+            fh.write(state)
+
+    def freeze(self) -> None:
+        self._freezer("FROZEN")
+
+    def thaw(self) -> None:
+        self._freezer("THAWED")
+
+    def wait(self, timeout_s: float | None = None) -> ExecResult:
+        """Wait for the VM (or the timeout: the spec's unless given), then report.
+
+        The timeout counts from the moment the guest init starts the command;
+        booting is bounded separately (BOOT_LIMIT_S).
+        """
+        limit = self._timeout_s if timeout_s is None else timeout_s
+        timed_out = False
+        while self.proc.poll() is None:
+            # The limit runs from the init's "start" (the command's first
+            # instant), the boot has its own, host-side bound.
+            began = self._pumps[0].started_at
+            now = time.monotonic()
+            if began is None:
+                left = BOOT_LIMIT_S - (now - self.started)
+            elif limit is not None:
+                left = limit - (now - began)
+            else:
+                left = 1.0
+            if left <= 0:
+                timed_out = True
+                self.kill_all()
+                self.proc.wait()
+                break
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=min(left, 0.05))
+        return self._finish(timed_out=timed_out)
+
+    def interrupt(self, signum: int) -> ExecResult:
+        self.kill_all()
+        self.proc.wait()
+        return self._finish(timed_out=False, interrupted=signum)
+
+    def _finish(self, *, timed_out: bool, interrupted: int = 0) -> ExecResult:
+        from corral.sandbox.namespace import ExecResult
+
+        if self.cgroup is not None:
+            with contextlib.suppress(CgroupError):
+                self.cgroup.kill()
+            self.cgroup.wait_empty(10.0)
+        for p in (*self._pumps, self._qemu_err):
+            p.join(timeout=5.0)
+        usage = self.usage()
+        oom = usage.oom_kills if usage else 0
+        report = parse_report(bytes(self._pumps[0].data))
+        code, reason, message = decide_vm_exit(
+            qemu_rc=self.proc.returncode,
+            report=report,
+            oom_kills=oom,
+            timed_out=timed_out,
+            interrupted=interrupted,
+        )
+        return ExecResult(
+            exit=code,
+            reason=reason,
+            wall_s=time.monotonic() - self.started,
+            cpu_s=usage.cpu_s if usage else 0.0,
+            peak_memory_bytes=usage.peak_memory_bytes if usage else 0,
+            # The guest's processes die with it; the host cannot count them.
+            processes_killed_at_end=0,
+            layers=dict(self._layers),
+            oom_kills=oom,
+            pids_limit_hits=usage.pids_limit_hits if usage else 0,
+            message=message,
+        )
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.proc.poll() is None:
+                self.kill_all()
+                self.proc.wait()
+            if self.cgroup is not None:
+                self.cgroup.remove()
+        finally:
+            for p in self._pumps:
+                p.join(timeout=1.0)
+                with contextlib.suppress(OSError):
+                    os.close(p.src)
+            self._qemu_err.join(timeout=1.0)
+            if self.placeholders is not None:
+                self.placeholders.release()
+            if self.proc.stderr is not None:
+                with contextlib.suppress(OSError):
+                    self.proc.stderr.close()
