@@ -202,7 +202,7 @@ def _now() -> datetime:
 
 
 class Observation(BaseModel):
-    """One journal row as written (see DESIGN.md 6a for the JSON shape)."""
+    """One journal row as written (see docs/design.md section 6a for the JSON shape)."""
 
     model_config = _FROZEN
 

@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option("--kind", help="only this kind, e.g. http_request")
         ] = None,
         as_json: Annotated[
-            bool, typer.Option("--json", help="one JSON object per line (DESIGN 6a)")
+            bool, typer.Option("--json", help="one JSON object per line (docs/design.md 6a)")
         ] = False,
         follow: Annotated[
             bool, typer.Option("--follow", "-f", help="keep printing new rows")

@@ -369,7 +369,7 @@ class JournalRow:
     outcome: dict[str, Any] | None
 
     def to_json_dict(self) -> dict[str, Any]:
-        """The DESIGN.md 6a shape; id, bytes, cause and outcome go in `detail`."""
+        """The docs/design.md section 6a shape; id, bytes, cause and outcome go in `detail`."""
         detail: dict[str, Any] = dict(self.detail)
         detail["id"] = self.id
         detail["bytes_up"] = self.bytes_up

@@ -1,4 +1,4 @@
-"""`corral exec`: one command in a sandbox (DESIGN.md section 5).
+"""`corral exec`: one command in a sandbox (docs/design.md section 5).
 
 Parsed with argparse rather than typer: this path runs once per sandboxed
 command and importing typer/rich would dominate its start-up time.

@@ -1,4 +1,4 @@
-"""The seccomp filter of the namespace sandbox (DESIGN.md M8).
+"""The seccomp filter of the namespace sandbox (docs/design.md M8).
 
 A pure rule table (`SeccompRule`, `SeccompProfile`, `DEFAULT_PROFILE`) and a
 thin shell around libseccomp:

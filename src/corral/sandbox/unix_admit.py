@@ -1,4 +1,4 @@
-"""Which unix-socket connects a sandbox may make (pure; DESIGN.md M3).
+"""Which unix-socket connects a sandbox may make (pure; docs/design.md M3).
 
 The supervisor (`unix_supervisor`) resolves a pathname `connect()` the way
 the sandbox sees it, pins the inode and asks `admit()`; nothing here does I/O.

@@ -1,4 +1,4 @@
-"""The host-side supervisor of a sandbox's `connect()` calls (DESIGN.md M3).
+"""The host-side supervisor of a sandbox's `connect()` calls (docs/design.md M3).
 
 A read-only bind does not stop `connect()` on a socket inode and Landlock up
 to ABI 7 does not cover it, so a host process listening on `WS/app.sock` or

@@ -70,7 +70,7 @@ Observed = Literal["allowed", "denied", "error"]
 Verdict = Literal["ok", "unexpected", "broken-probe"]
 ReqStatus = Literal["met", "failed", "not-applicable", "not-tested"]
 
-#: DESIGN.md section 1, in report order.
+#: docs/design.md section 1, in report order.
 MANDATORY: dict[str, str] = {
     "M1": "files-read",
     "M2": "files-write",

@@ -463,7 +463,7 @@ JOURNAL_FIELDS: tuple[str, ...] = (
 @dataclass(frozen=True, slots=True)
 class JournalShape:
     """Audit: allowed (= the record is unusable) unless the journal has rows
-    and every row carries the DESIGN.md 6a fields."""
+    and every row carries the docs/design.md section 6a fields."""
 
     def judge(self, ev: Evidence) -> Judgement:
         if ev.journal is None:

@@ -3,7 +3,7 @@
 `judge_requirements` folds probe results into one verdict per requirement:
 failed when any probe's verdict is unexpected; not tested when a probe is
 broken, when some probes could not run, or when none ran; met only when every
-probe for it ran and matched its expectation. `to_json` follows DESIGN.md
+probe for it ran and matched its expectation. `to_json` follows docs/design.md
 section 6 (plus extra keys), `to_markdown` and `render` show the same data.
 """
 
@@ -162,7 +162,7 @@ def _req_line(v: RequirementVerdict) -> str:
 
 
 def to_json(report: Report) -> dict[str, Any]:
-    """The whole report, each probe's raw evidence included (DESIGN.md section 6)."""
+    """The whole report, each probe's raw evidence included (docs/design.md section 6)."""
     return {
         "backend": report.backend,
         "env": report.env,
