@@ -5,6 +5,13 @@ set -euo pipefail
 pkgs=(bubblewrap libseccomp2 python3 curl git gcc make socat ripgrep iproute2 util-linux openssl)
 # qemu-system-x86 and busybox-static: `--backend microvm` (its guest kernel: install-microvm-kernel.sh)
 pkgs+=(qemu-system-x86 busybox-static)
+# python3-venv: `make install` builds .venv (a stock Debian 12 lacks it); npm: the agent CLIs.
+pkgs+=(python3-venv)
+# Node.js and npm: Debian's packages only when no node/npm is installed (a NodeSource nodejs
+# already ships npm, and Debian's npm would conflict with it).
+if ! command -v npm >/dev/null 2>&1; then
+  pkgs+=(nodejs npm)
+fi
 bash "$(dirname "$0")/install-microvm-kernel.sh"
 missing=()
 for p in "${pkgs[@]}"; do
