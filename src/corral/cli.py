@@ -39,7 +39,24 @@ def build_app() -> typer.Typer:
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
     )
+
+    def _version(value: bool) -> None:
+        if value:
+            from corral import __version__
+
+            typer.echo(f"corral {__version__}")
+            raise typer.Exit(0)
+
+    @app.callback()
+    def _root(
+        version: bool = typer.Option(
+            False, "--version", is_eager=True, callback=_version, help="print the version and exit"
+        ),
+    ) -> None:
+        """Run coding agents unattended with verifiable host guarantees."""
+
     for name in _AREAS:
         import_module(name).register(app)
     return app
