@@ -82,7 +82,7 @@ def _parser() -> _Parser:
         metavar="PATH",
         help="host unix socket the sandbox may connect to (in the workspace or a --ro/--rw path)",
     )
-    p.add_argument("--backend", default="namespace", choices=["namespace", "microvm"])
+    p.add_argument("--backend", default="namespace", choices=["namespace", "microvm", "gvisor"])
     p.add_argument("--journal", default=None, metavar="FILE", help="journal SQLite file")
     p.add_argument(
         "--config",
@@ -417,11 +417,14 @@ def run_exec(argv: Sequence[str]) -> int:
     except UsageError as exc:
         sys.stderr.write(f"corral exec: {exc}\n")
         return EXIT_USAGE
-    if ns.backend != "namespace":
+    if ns.backend not in ("namespace", "gvisor"):
         sys.stderr.write(f"corral exec: backend {ns.backend!r} is not available in this build\n")
         return EXIT_REFUSED
 
-    from corral.sandbox.exec_run import execute
+    if ns.backend == "gvisor":
+        from corral.sandbox.gvisor.exec import execute
+    else:
+        from corral.sandbox.exec_run import execute
 
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, _on_signal)

@@ -1,0 +1,94 @@
+"""`corral exec --backend gvisor`: one SandboxSpec under runsc, reported like the default backend.
+
+The shell around `GVisorBackend` (exec_run.execute is the namespace one):
+journal, terminal relay, setuid stripping and the --json summary are the
+same helpers, so both backends report the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+
+from corral.sandbox.backend import GVisorConfig
+from corral.sandbox.exec_run import (
+    _journal_event,
+    _journal_outcome,
+    _strip_setid,
+    _terminal_relay,
+)
+from corral.sandbox.gvisor.backend import GVisorBackend, GVisorSandbox
+from corral.sandbox.spec import SandboxSpec
+
+__all__ = ["execute"]
+
+
+def execute(
+    spec: SandboxSpec,
+    *,
+    journal: str | None,
+    dry_run: bool,
+    interrupted_exc: type[BaseException],
+) -> tuple[dict[str, object], int] | None:
+    """Run `spec` under gVisor; (the --json summary, exit status), or None for a dry run."""
+    backend = GVisorBackend(GVisorConfig())
+    if dry_run:
+        import json
+
+        from corral.sandbox.exec_cli import quote_argv
+
+        sys.stdout.write(quote_argv(backend.preview(spec)) + "\n")
+        sys.stdout.write(json.dumps(backend.preview_config(spec), indent=1) + "\n")
+        return None
+    from corral.sandbox.reaper import become_subreaper
+
+    become_subreaper()
+    run = spec.run_id or f"exec-{os.urandom(4).hex()}"
+    with contextlib.ExitStack() as stack:
+        jw = None
+        if journal is not None:
+            from corral.broker.journal import Journal
+
+            jw = stack.enter_context(Journal(Path(journal).resolve()))
+        relay = _terminal_relay(stack)
+        sandbox: GVisorSandbox | None = None
+        try:
+            if relay is not None:
+                relay.start()
+            sandbox = backend.start(spec, stdio=relay.stdio if relay is not None else None)
+            if relay is not None:
+                relay.spawned()
+            for layer, state in sandbox.layers.items():
+                if isinstance(state, str) and state.startswith("degraded"):
+                    _journal_event(
+                        jw,
+                        spec=spec,
+                        run=run,
+                        event="degraded",
+                        reason=f"layer {layer} {state}",
+                        detail={"layer": layer},
+                    )
+            try:
+                result = sandbox.wait(spec.limits.timeout_s)
+            except interrupted_exc as exc:
+                result = sandbox.interrupt(int(getattr(exc, "signum", 15)))
+        finally:
+            if sandbox is not None:
+                with contextlib.suppress(Exception):
+                    sandbox.close()
+        unchecked = _strip_setid(jw, run, spec)
+        _journal_outcome(jw, run, result, spec)
+        if jw is not None:
+            jw.flush()
+    if unchecked:
+        sys.stderr.write(f"corral exec: {unchecked}\n")
+        return result.summary() | {"exit": 125, "message": unchecked}, 125
+    if result.reason == "timeout":
+        sys.stderr.write(
+            f"corral exec: timed out after {spec.limits.timeout_s:g}s; sandbox killed\n"
+        )
+    elif result.reason == "oom":
+        sys.stderr.write("corral exec: killed by the memory limit\n")
+    return result.summary(), result.exit
