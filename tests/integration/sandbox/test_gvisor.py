@@ -90,10 +90,13 @@ def test_write_outside_workspace_has_no_host_effect(corral_exec: ExecFn, marker:
 
 def _accepting(srv: socket.socket, seen: list[object]) -> threading.Thread:
     def loop() -> None:
-        try:
-            seen.append(srv.accept())
-        except OSError:
-            pass
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            conn.close()
+            seen.append(1)
 
     t = threading.Thread(target=loop, daemon=True)
     t.start()
@@ -108,10 +111,15 @@ def test_host_loopback_service_unreachable(corral_exec: ExecFn) -> None:
     seen: list[object] = []
     _accepting(srv, seen)
     prog = f"import socket\nfor h in ('127.0.0.1', 'localhost'):\n try: socket.create_connection((h, {port}), 2)\n except OSError: pass"
+    # Control: the same program on the host reaches the service.
+    subprocess.run(["python3", "-c", prog], check=True, timeout=30)
+    assert wait_for(lambda: len(seen) >= 1, timeout=5)
+    time.sleep(0.2)
+    control = len(seen)
     out = corral_exec("python3", "-c", prog, opts=GV)
     srv.close()
     assert out.code == 0, out.stderr
-    assert seen == []
+    assert len(seen) == control
 
 
 def test_host_unix_socket_unreachable(corral_exec: ExecFn, workspace: Path) -> None:
@@ -122,11 +130,15 @@ def test_host_unix_socket_unreachable(corral_exec: ExecFn, workspace: Path) -> N
     seen: list[object] = []
     _accepting(srv, seen)
     prog = f"import socket\ns = socket.socket(socket.AF_UNIX)\ntry: s.connect({str(path)!r})\nexcept OSError: pass"
+    subprocess.run(["python3", "-c", prog], check=True, timeout=30)
+    assert wait_for(lambda: len(seen) >= 1, timeout=5)
+    time.sleep(0.2)
+    control = len(seen)
     out = corral_exec("python3", "-c", prog, opts=GV)
     time.sleep(0.2)
     srv.close()
     assert out.code == 0, out.stderr
-    assert seen == []
+    assert len(seen) == control
 
 
 def _descendants(pid: int) -> set[int]:
