@@ -357,7 +357,9 @@ class GVisorBackend:
                     platform=platform,
                     state_dir=os.path.join(base, "state"),
                     bundle_dir=os.path.join(base, "bundle"),
-                    container_id="corral",
+                    # runsc names its control socket (abstract, host-wide)
+                    # after the container: one id per sandbox.
+                    container_id=name,
                     rootless=not self.is_root,
                 ),
             ]
