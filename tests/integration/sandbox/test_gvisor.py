@@ -110,7 +110,10 @@ def test_host_loopback_service_unreachable(corral_exec: ExecFn) -> None:
     port = srv.getsockname()[1]
     seen: list[object] = []
     _accepting(srv, seen)
-    prog = f"import socket\nfor h in ('127.0.0.1', 'localhost'):\n try: socket.create_connection((h, {port}), 2)\n except OSError: pass"
+    prog = (
+        "import socket\nfor h in ('127.0.0.1', 'localhost'):\n"
+        f" try: socket.create_connection((h, {port}), 2)\n except OSError: pass"
+    )
     # Control: the same program on the host reaches the service.
     subprocess.run(["python3", "-c", prog], check=True, timeout=30)
     assert wait_for(lambda: len(seen) >= 1, timeout=5)
@@ -129,7 +132,10 @@ def test_host_unix_socket_unreachable(corral_exec: ExecFn, workspace: Path) -> N
     srv.listen()
     seen: list[object] = []
     _accepting(srv, seen)
-    prog = f"import socket\ns = socket.socket(socket.AF_UNIX)\ntry: s.connect({str(path)!r})\nexcept OSError: pass"
+    prog = (
+        "import socket\ns = socket.socket(socket.AF_UNIX)\n"
+        f"try: s.connect({str(path)!r})\nexcept OSError: pass"
+    )
     subprocess.run(["python3", "-c", prog], check=True, timeout=30)
     assert wait_for(lambda: len(seen) >= 1, timeout=5)
     time.sleep(0.2)

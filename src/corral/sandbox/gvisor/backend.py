@@ -252,7 +252,7 @@ class GVisorBackend:
             platform=self.config.platform or "ptrace",
             state_dir=f"{base}/state",
             bundle_dir=f"{base}/bundle",
-            container_id="corral",
+            container_id=f"{spec.env_kind}-PID-ID",
             rootless=not self.is_root,
         )
         return ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", *argv]
