@@ -25,7 +25,7 @@ PLAN = bd.BundlePlan(
         StagedBind("/run/corral-stage/0", "/home/u/ws", True),
         StagedBind("/run/corral-stage/1", "/opt/data", False),
     ),
-    files_dir="/run/corral-gvisor/x/bundle/etc",
+    files_dir="/run/corral-gvisor/x/bundle/files",
     protect_binds=(StagedBind("/run/corral-stage/0/.git/hooks", "/home/u/ws/.git/hooks", False),),
 )
 
@@ -73,7 +73,11 @@ GOLDEN: dict[str, object] = {
         _t("/var/tmp", "mode=1777"),
         _t("/run"),
         _t("/home/corral"),
-        _b("/run/corral-gvisor/x/bundle/etc", "/etc", False),
+        _b("/etc/ssl", "/etc/ssl", False),
+        _b("/etc/nsswitch.conf", "/etc/nsswitch.conf", False),
+        _b("/run/corral-gvisor/x/bundle/files/passwd", "/etc/passwd", False),
+        _b("/run/corral-gvisor/x/bundle/files/group", "/etc/group", False),
+        _b("/run/corral-gvisor/x/bundle/files/hosts", "/etc/hosts", False),
         _b("/run/corral-stage/1", "/opt/data", False),
         _b("/run/corral-stage/0", "/home/u/ws", True),
         _b("/run/corral-stage/0/.git/hooks", "/home/u/ws/.git/hooks", False),

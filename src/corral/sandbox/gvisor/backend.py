@@ -260,7 +260,7 @@ class GVisorBackend:
     def preview_config(self, spec: SandboxSpec) -> dict[str, object]:
         """The config.json `start` would write (for `--dry-run`)."""
         base = f"{STATE_ROOT}/{spec.env_kind}-PID-ID"
-        return bd.build_config(self._plan(spec, f"{base}/bundle/etc", self._staged(spec)))
+        return bd.build_config(self._plan(spec, f"{base}/bundle/files", self._staged(spec)))
 
     # -- start --------------------------------------------------------------
     def start(
@@ -318,7 +318,7 @@ class GVisorBackend:
 
                 protect, placeholders = start_protection(spec, staged, cache_dir())
                 layers["protect"] = placeholders.summary
-            files = os.path.join(base, "bundle", "etc")
+            files = os.path.join(base, "bundle", "files")
             plan = bd.BundlePlan(
                 spec=spec,
                 system_links=_system_links(),
@@ -442,18 +442,6 @@ def _write_bundle(base: str, plan: bd.BundlePlan) -> None:
     os.makedirs(plan.files_dir, mode=0o755)
     # The gofer opens these as root and the sentry reads them: world-readable,
     # owned by root, in a directory only root can write.
-    for entry in plan.etc_entries:
-        src = os.path.join("/etc", entry)
-        dst = os.path.join(plan.files_dir, entry)
-        # Symlinks stay symlinks (they resolve inside the sandbox, against
-        # its /usr); modes and root ownership are kept, so what the sandbox
-        # uid could not read through a bind (ssl/private) it cannot read here.
-        if os.path.islink(src):
-            os.symlink(os.readlink(src), dst)
-        elif os.path.isdir(src):
-            shutil.copytree(src, dst, symlinks=True)
-        else:
-            shutil.copy2(src, dst)
     for name, data in (
         ("passwd", _passwd(plan.spec.home)),
         ("group", _group()),

@@ -11,6 +11,7 @@ workspace below /tmp or /home lands on top of the fresh tmpfs.
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 
 from corral.sandbox.bwrap import StagedBind
@@ -36,11 +37,7 @@ _TMPFS: tuple[str, ...] = ("/tmp", "/home", "/var", "/var/tmp", "/run")
 
 @dataclass(frozen=True, slots=True)
 class BundlePlan:
-    """Host facts the bundle refers to.
-
-    `files_dir` becomes the sandbox's /etc: the launcher copies the host's
-    `etc_entries` there and writes the synthetic passwd, group and hosts.
-    """
+    """Host facts the bundle refers to; `files_dir` holds the synthetic /etc files."""
 
     spec: SandboxSpec
     system_links: tuple[tuple[str, str | None], ...]
@@ -84,10 +81,11 @@ def build_config(plan: BundlePlan) -> dict[str, object]:
     if spec.home not in tmpfs:
         tmpfs.append(spec.home)
     mounts += [_tmpfs(d) for d in tmpfs]
-    # One mount for /etc (a copy of the allowlisted entries plus the
-    # synthetic files, made by the launcher): every bind is a gofer mount
-    # that costs runsc start-up time (~4 ms each here).
-    mounts.append(_bind(plan.files_dir, "/etc", False))
+    for entry in plan.etc_entries:
+        path = posixpath.join("/etc", entry)
+        mounts.append(_bind(path, path, False))
+    for name in SYNTHETIC_ETC:
+        mounts.append(_bind(posixpath.join(plan.files_dir, name), f"/etc/{name}", False))
     for b in sorted((*plan.binds, *plan.protect_binds), key=_depth_key):
         mounts.append(_bind(b.source, b.dest, b.writable))
     no_caps: list[str] = []
