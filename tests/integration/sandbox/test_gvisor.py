@@ -214,3 +214,37 @@ def test_freeze_and_thaw(workspace: Path) -> None:
     finally:
         sb.kill_all()
         sb.close()
+
+
+ATTACK_STDIO = (
+    "import os\n"
+    "for fd in (0, 1, 2):\n"
+    "    for f in (lambda: os.fchmod(fd, 0o6777), lambda: os.fchown(fd, 1000, 1000)):\n"
+    "        try: f()\n"
+    "        except OSError: pass\n"
+    "print('done')\n"
+)
+
+
+def _ident(path: str) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_uid, st.st_gid, st.st_mode
+
+
+def test_host_files_given_as_stdio_are_not_reowned(workspace: Path, tmp_path: Path) -> None:
+    """runsc fchowns its stdio fds: a host file corral was given as stdio must stay as it was."""
+    files = [tmp_path / "in.txt", tmp_path / "out.txt", tmp_path / "err.txt"]
+    for f in files:
+        f.write_text("x\n")
+        f.chmod(0o644)
+    before = [_ident(str(f)) for f in files]
+    null_before = _ident("/dev/null")
+    argv = corral_argv("--workspace", str(workspace), *GV, "--", "python3", "-c", ATTACK_STDIO)
+    with files[0].open("rb") as i, files[1].open("ab") as o, files[2].open("ab") as e:
+        rc = subprocess.run(argv, stdin=i, stdout=o, stderr=e, timeout=60, check=False).returncode
+    assert rc == 0, files[2].read_text()
+    assert "done" in files[1].read_text()  # the output still arrives
+    assert [_ident(str(f)) for f in files] == before
+    # The same with /dev/null as stdin (a host device shared by every process).
+    subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=60, check=False)
+    assert _ident("/dev/null") == null_before

@@ -43,6 +43,7 @@ from corral.sandbox.backend import GVisorConfig, SandboxNet
 from corral.sandbox.bwrap import StagedBind
 from corral.sandbox.cgroup import Cgroup, CgroupLayout, CgroupUsage, detect_layout, sweep_stale
 from corral.sandbox.gvisor import bundle as bd
+from corral.sandbox.gvisor.stdio import StdioRelay
 from corral.sandbox.namespace import (
     INSIDE_UID,
     ExecResult,
@@ -56,7 +57,6 @@ from corral.sandbox.namespace import (
     set_pdeathsig,
 )
 from corral.sandbox.spec import Limits, SandboxSpec
-from corral.sandbox.terminal import stdio_without_tty
 
 __all__ = [
     "RUNSC_TASKS",
@@ -271,7 +271,10 @@ class GVisorBackend:
         network: Callable[[SandboxNet], None] | None = None,
         stdio: tuple[int | None, int | None, int | None] | None = None,
     ) -> GVisorSandbox:
-        """Start `spec` under runsc; `stdio`: the command's stdin, stdout, stderr."""
+        """Start `spec` under runsc; `stdio`: the command's stdin, stdout, stderr.
+
+        runsc gets pipes, never these descriptors (see `gvisor.stdio`).
+        """
         if not os.path.isdir(spec.workspace):
             raise SandboxStartError(2, f"workspace {spec.workspace} is not a directory")
         if network is not None or spec.network.needs_broker:
@@ -385,17 +388,15 @@ class GVisorBackend:
                         os.write(err_w, str(exc).encode()[:4000])
                     raise
 
-            if stdio is None:
-                stdio, null_fd = stdio_without_tty()
-                if null_fd is not None:
-                    fds.append(null_fd)
+            relay = StdioRelay(stdio or (None, None, None))
+            child_stdio = relay.child_fds()
             try:
                 # preexec_fn: raw syscalls only (see NamespaceSandbox.start).
                 proc = subprocess.Popen(
                     argv,
-                    stdin=stdio[0],
-                    stdout=stdio[1],
-                    stderr=stdio[2],
+                    stdin=child_stdio[0],
+                    stdout=child_stdio[1],
+                    stderr=child_stdio[2],
                     env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
                     preexec_fn=child_setup,  # noqa: PLW1509
                     close_fds=True,
@@ -406,8 +407,10 @@ class GVisorBackend:
                 fds.remove(err_w)
                 detail = os.read(err_r, 4096).decode(errors="replace").strip()
                 os.close(err_r)
+                relay.close(0)
                 raise SandboxStartError(0, f"cannot start runsc: {detail or exc}") from exc
             os.close(err_r)
+            relay.started()
             sandbox = GVisorSandbox(
                 proc=proc,
                 cgroup=cgroup,
@@ -416,6 +419,7 @@ class GVisorBackend:
                 base=base,
                 runsc=runsc,
                 placeholders=placeholders,
+                relay=relay,
             )
             cgroup = None
             placeholders = None
@@ -481,8 +485,10 @@ class GVisorSandbox:
         base: str,
         runsc: str,
         placeholders: object | None = None,
+        relay: StdioRelay | None = None,
     ) -> None:
         self.proc = proc
+        self._relay = relay
         self.cgroup = cgroup
         self._layers = layers
         self._layers["leftovers"] = "killed by the sentry when the command exits; not counted"
@@ -557,6 +563,9 @@ class GVisorSandbox:
             with contextlib.suppress(CgroupError):
                 self.cgroup.kill()
             self.cgroup.wait_empty(10.0)
+        if self._relay is not None:
+            # Every writer of the output pipes is dead: this only drains.
+            self._relay.close()
         usage = self.usage()
         oom = usage.oom_kills if usage else 0
         code, reason = decide_exit(
@@ -585,6 +594,8 @@ class GVisorSandbox:
             if self.cgroup is not None:
                 self.cgroup.remove()
         finally:
+            if self._relay is not None:
+                self._relay.close(1.0)
             # Every runsc process is dead (the cgroup is empty): the state
             # directory is only files now.
             shutil.rmtree(self.base, ignore_errors=True)
