@@ -248,3 +248,62 @@ def test_host_files_given_as_stdio_are_not_reowned(workspace: Path, tmp_path: Pa
     # The same with /dev/null as stdin (a host device shared by every process).
     subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=60, check=False)
     assert _ident("/dev/null") == null_before
+
+
+PROXY_GET = (
+    "import os, socket\n"
+    "host, port = os.environ['HTTP_PROXY'].rsplit('/', 1)[1].split(':')\n"
+    "try:\n"
+    "    s = socket.create_connection((host, int(port)), 3)\n"
+    "    s.sendall(b'GET http://denied.invalid/ HTTP/1.1\\r\\nHost: denied.invalid\\r\\n\\r\\n')\n"
+    "    print('reply', s.recv(12))\n"
+    "except OSError as e:\n"
+    "    print('refused', e)\n"
+)
+
+
+def test_broker_is_the_only_way_out(corral_exec: ExecFn) -> None:
+    """The broker answers on the sandbox's link and journals the request; nothing else does."""
+    out = corral_exec("python3", "-c", PROXY_GET, opts=(*GV, "--allow", "example.invalid"))
+    assert out.code == 0, out.stderr
+    assert out.summary["observations"] == {"allowed": 0, "denied": 1}  # the host's journal
+    assert "egress" in out.summary["layers"]  # type: ignore[operator]
+
+
+def test_broker_death_is_no_egress(workspace: Path, tmp_path: Path) -> None:
+    """Kill the broker mid-run: the sandbox's next request reaches nothing (journal: no row)."""
+    script = (
+        "import os, time\nopen('ready', 'w').close()\n"
+        "while not os.path.exists('go'): time.sleep(0.05)\n"
+    )
+    journal = tmp_path / "j.sqlite"
+    argv = corral_argv(
+        "--workspace",
+        str(workspace),
+        *GV,
+        "--allow",
+        "example.invalid",
+        "--journal",
+        str(journal),
+        "--json",
+        "--",
+        "python3",
+        "-c",
+        script + PROXY_GET,
+    )
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        assert wait_for((workspace / "ready").exists, timeout=30)
+        brokers = [
+            p
+            for p in _descendants(proc.pid)
+            if b"corral.broker" in Path(f"/proc/{p}/cmdline").read_bytes()
+        ]
+        assert brokers, "no broker process found"
+        for p in brokers:
+            os.kill(p, signal.SIGKILL)
+        (workspace / "go").touch()
+        stdout, stderr = proc.communicate(timeout=60)
+    assert "refused" in stdout, stdout + stderr
+    from tests.integration.sandbox.conftest import parse_summary
+
+    assert parse_summary(stderr)["observations"] == {"allowed": 0, "denied": 0}

@@ -139,6 +139,19 @@ def test_runsc_argv() -> None:
     ]
 
 
+def test_netns_path_and_proxy_rewrite() -> None:
+    from dataclasses import replace
+
+    from corral.sandbox.gvisor.net import BROKER_IP, rewrite_proxy_env
+
+    cfg = bd.build_config(replace(PLAN, netns_path="/proc/self/ns/net"))
+    linux = cfg["linux"]
+    assert isinstance(linux, dict)
+    assert {"type": "network", "path": "/proc/self/ns/net"} in linux["namespaces"]
+    env = rewrite_proxy_env((("HTTP_PROXY", "http://127.0.0.1:3128"), ("A", "127.0.0.1:80")), 3128)
+    assert env == (("HTTP_PROXY", f"http://{BROKER_IP}:3128"), ("A", "127.0.0.1:80"))
+
+
 def test_platform_choice() -> None:
     assert bd.choose_platform(None, version_date=20221219, hardware_virt=False) == (
         "ptrace",

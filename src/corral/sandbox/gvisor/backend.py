@@ -25,6 +25,7 @@ The cgroup and state directory are swept by the next start.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import json
 import os
@@ -69,6 +70,7 @@ __all__ = [
 
 #: Bundles and runsc state, one directory per sandbox, named like its cgroup.
 STATE_ROOT = "/run/corral-gvisor"
+_libc = ctypes.CDLL(None, use_errno=True)
 _NOBODY = 65534
 #: Threads of runsc, sentry and gofer beyond the command's own (see cgroup_limits).
 RUNSC_TASKS = 256
@@ -195,9 +197,7 @@ class GVisorBackend:
         out["cgroup"] = self._cgroup_reason(layout)
         out["idmap"] = None if self.is_root else "not root: the workspace is used as is (rootless)"
         out["egress"] = (
-            "the gvisor backend has no broker channel yet; only --network=none"
-            if spec.network.needs_broker
-            else None
+            None if shutil.which("nsenter") and shutil.which("ip") else "needs nsenter and ip"
         )
         out["unix"] = (
             "gVisor reaches no host unix socket (no --host-uds); --allow-unix cannot be honoured"
@@ -218,6 +218,16 @@ class GVisorBackend:
         if platform is None:
             raise LayerUnavailableError("gvisor", pwhy)
         return path, platform, date
+
+    @staticmethod
+    def _abort(proc: subprocess.Popen[bytes], cgroup: Cgroup | None, relay: StdioRelay) -> None:
+        if cgroup is not None:
+            with contextlib.suppress(CgroupError):
+                cgroup.kill()
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait()
+        relay.close(1.0)
 
     # -- preview ------------------------------------------------------------
     def _plan(self, spec: SandboxSpec, files_dir: str, staged: list[StagedBind]) -> bd.BundlePlan:
@@ -277,12 +287,14 @@ class GVisorBackend:
         """
         if not os.path.isdir(spec.workspace):
             raise SandboxStartError(2, f"workspace {spec.workspace} is not a directory")
-        if network is not None or spec.network.needs_broker:
-            raise LayerUnavailableError(
-                "egress",
-                "the gvisor backend has no broker channel yet (only --network=none)",
-                "use --backend namespace for --allow",
-            )
+        if spec.network.needs_broker and network is None:
+            raise LayerUnavailableError("egress", "the spec needs a broker and none was attached")
+        with_net = network is not None
+        if with_net:
+            from corral.sandbox.egress import SANDBOX_PROXY_PORT
+            from corral.sandbox.gvisor import net as gnet
+
+            spec = replace(spec, env=gnet.rewrite_proxy_env(spec.env, SANDBOX_PROXY_PORT))
         if spec.allow_unix:
             raise LayerUnavailableError(
                 "unix", "gVisor reaches no host unix socket; --allow-unix cannot be honoured"
@@ -331,6 +343,8 @@ class GVisorBackend:
                 protect_binds=protect,
                 uid=INSIDE_UID,
                 gid=INSIDE_UID,
+                # runsc's own: the one its prelude left it in (gvisor.net).
+                netns_path="/proc/self/ns/net" if with_net else None,
             )
             _write_bundle(base, plan)
             attach_fds: list[int] = []
@@ -355,6 +369,13 @@ class GVisorBackend:
                 "--fork",
                 "--kill-child",
                 "--mount-proc",
+            ]
+            block_r = block_w = -1
+            if with_net:
+                block_r, block_w = os.pipe()
+                fds.append(block_r)
+                argv += gnet.runsc_prelude(3)
+            argv += [
                 *bd.runsc_argv(
                     runsc=runsc,
                     platform=platform,
@@ -364,6 +385,7 @@ class GVisorBackend:
                     # after the container: one id per sandbox.
                     container_id=name,
                     rootless=not self.is_root,
+                    network="sandbox" if with_net else "none",
                 ),
             ]
             binds = [(spec.workspace, True), *((b.path, b.writable) for b in spec.binds)]
@@ -383,6 +405,11 @@ class GVisorBackend:
                     set_pdeathsig(signal.SIGKILL)
                     if os.getppid() != me:
                         os._exit(125)
+                    if with_net:
+                        unshare_net()
+                        # dash reads only single-digit descriptors: the
+                        # prelude's is 3 (kept open by pass_fds).
+                        os.dup2(block_r, 3)
                 except BaseException as exc:
                     with contextlib.suppress(OSError):
                         os.write(err_w, str(exc).encode()[:4000])
@@ -400,6 +427,7 @@ class GVisorBackend:
                     env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
                     preexec_fn=child_setup,  # noqa: PLW1509
                     close_fds=True,
+                    pass_fds=[3] if with_net else [],
                     cwd="/",
                 )
             except (OSError, subprocess.SubprocessError) as exc:
@@ -411,6 +439,21 @@ class GVisorBackend:
                 raise SandboxStartError(0, f"cannot start runsc: {detail or exc}") from exc
             os.close(err_r)
             relay.started()
+            if with_net:
+                assert network is not None
+                link = None
+                try:
+                    link = gnet.BrokerLink(proc.pid)
+                    network(link)
+                    os.write(block_w, b"1\n")
+                    layers["egress"] = f"broker at {gnet.BROKER_IP} on a veth link"
+                except BaseException:
+                    self._abort(proc, cgroup, relay)
+                    raise
+                finally:
+                    if link is not None:
+                        link.close()
+                    os.close(block_w)
             sandbox = GVisorSandbox(
                 proc=proc,
                 cgroup=cgroup,
@@ -436,6 +479,13 @@ class GVisorBackend:
             for fd in fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+
+
+def unshare_net() -> None:
+    """unshare(CLONE_NEWNET), checked (runs in the child before exec)."""
+    if _libc.unshare(0x40000000) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare(CLONE_NEWNET): {os.strerror(err)}")
 
 
 def _write_bundle(base: str, plan: bd.BundlePlan) -> None:

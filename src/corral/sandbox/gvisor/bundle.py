@@ -47,6 +47,8 @@ class BundlePlan:
     protect_binds: tuple[StagedBind, ...] = ()
     uid: int = 1000
     gid: int = 1000
+    #: The network namespace runsc takes its interfaces from (gvisor.net); None: none at all.
+    netns_path: str | None = None
 
 
 def _depth_key(bind: StagedBind) -> tuple[int, str]:
@@ -111,7 +113,10 @@ def build_config(plan: BundlePlan) -> dict[str, object]:
         "mounts": mounts,
         "linux": {
             "namespaces": [
-                {"type": t} for t in ("pid", "network", "ipc", "uts", "mount", "cgroup")
+                {"type": t, "path": plan.netns_path}
+                if t == "network" and plan.netns_path
+                else {"type": t}
+                for t in ("pid", "network", "ipc", "uts", "mount", "cgroup")
             ],
             "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"],
             "readonlyPaths": ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"],
@@ -142,6 +147,7 @@ def runsc_argv(
     bundle_dir: str,
     container_id: str,
     rootless: bool = False,
+    network: str = "none",
 ) -> list[str]:
     """`runsc run` for one bundle: no network stack but loopback, cgroups left to corral.
 
@@ -154,7 +160,7 @@ def runsc_argv(
         "--root",
         state_dir,
         f"--platform={platform}",
-        "--network=none",
+        f"--network={network}",
         "--ignore-cgroups",
     ]
     if rootless:
