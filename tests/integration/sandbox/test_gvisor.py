@@ -307,3 +307,9 @@ def test_broker_death_is_no_egress(workspace: Path, tmp_path: Path) -> None:
     from tests.integration.sandbox.conftest import parse_summary
 
     assert parse_summary(stderr)["observations"] == {"allowed": 0, "denied": 0}
+
+
+def test_home_is_writable(corral_exec: ExecFn) -> None:
+    out = corral_exec("sh", "-c", 'echo home-ok > "$HOME/f" && cat "$HOME/f"', opts=GV)
+    assert out.code == 0, out.stderr
+    assert "home-ok" in out.stdout

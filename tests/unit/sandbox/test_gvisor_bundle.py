@@ -72,7 +72,12 @@ GOLDEN: dict[str, object] = {
         _t("/var"),
         _t("/var/tmp", "mode=1777"),
         _t("/run"),
-        _t("/home/corral"),
+        {
+            "destination": "/home/corral",
+            "type": "tmpfs",
+            "source": "tmpfs",
+            "options": ["nosuid", "nodev", "mode=755", "uid=1000", "gid=1000"],
+        },
         _b("/etc/ssl", "/etc/ssl", False),
         _b("/etc/nsswitch.conf", "/etc/nsswitch.conf", False),
         _b("/run/corral-gvisor/x/bundle/files/passwd", "/etc/passwd", False),

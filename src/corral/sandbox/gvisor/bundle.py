@@ -62,13 +62,11 @@ def _bind(source: str, dest: str, writable: bool) -> dict[str, object]:
     return {"destination": dest, "type": "bind", "source": source, "options": opts}
 
 
-def _tmpfs(dest: str) -> dict[str, object]:
-    return {
-        "destination": dest,
-        "type": "tmpfs",
-        "source": "tmpfs",
-        "options": ["nosuid", "nodev", "mode=1777" if dest in ("/tmp", "/var/tmp") else "mode=755"],
-    }
+def _tmpfs(dest: str, owner: tuple[int, int] | None = None) -> dict[str, object]:
+    opts = ["nosuid", "nodev", "mode=1777" if dest in ("/tmp", "/var/tmp") else "mode=755"]
+    if owner is not None:
+        opts += [f"uid={owner[0]}", f"gid={owner[1]}"]
+    return {"destination": dest, "type": "tmpfs", "source": "tmpfs", "options": opts}
 
 
 def build_config(plan: BundlePlan) -> dict[str, object]:
@@ -82,7 +80,8 @@ def build_config(plan: BundlePlan) -> dict[str, object]:
     tmpfs = list(_TMPFS)
     if spec.home not in tmpfs:
         tmpfs.append(spec.home)
-    mounts += [_tmpfs(d) for d in tmpfs]
+    # The home directory belongs to the command (npm, pip and git write there).
+    mounts += [_tmpfs(d, (plan.uid, plan.gid) if d == spec.home else None) for d in tmpfs]
     for entry in plan.etc_entries:
         path = posixpath.join("/etc", entry)
         mounts.append(_bind(path, path, False))
