@@ -433,8 +433,13 @@ def run_exec(argv: Sequence[str]) -> int:
         sys.stderr.write(f"corral exec: {exc}\n")
         return EXIT_USAGE
 
-    if config.kind == "microvm":
-        from corral.sandbox.microvm.exec import execute as execute_vm
+    if config.kind in ("microvm", "gvisor"):
+        # These two compose `corral exec` themselves (journal, stdio relay,
+        # setid sweep) until they take the namespace path's Protocol options.
+        if config.kind == "microvm":
+            from corral.sandbox.microvm.exec import execute as execute_own
+        else:
+            from corral.sandbox.gvisor.exec import execute as execute_own
 
         def execute(
             spec: SandboxSpec,
@@ -444,7 +449,7 @@ def run_exec(argv: Sequence[str]) -> int:
             dry_run: bool,
             interrupted_exc: type[BaseException],
         ) -> tuple[dict[str, object], int] | None:
-            return execute_vm(
+            return execute_own(
                 spec, journal=journal, dry_run=dry_run, interrupted_exc=interrupted_exc
             )
     else:

@@ -60,12 +60,20 @@ def staged_path(index: int) -> str:
     return f"{STAGE_DIR}/{index}"
 
 
-def make_userns_fd(caller_uid: int, caller_gid: int, sandbox_uid: int, sandbox_gid: int) -> int:
+def make_userns_fd(
+    caller_uid: int,
+    caller_gid: int,
+    sandbox_uid: int,
+    sandbox_gid: int,
+    *,
+    extra: tuple[tuple[int, int], ...] = (),
+) -> int:
     """A user namespace fd whose maps send the caller's ids to the sandbox's.
 
     For an idmapped mount, an on-disk id is read as an id *inside* this
     namespace and shown as the matching *outside* id, so on-disk caller_uid
     appears as sandbox_uid, and files the sandbox creates land as caller_uid.
+    `extra` adds (on-disk id, shown id) pairs to both maps.
     """
     r, w = os.pipe()
     pid = os.fork()
@@ -86,11 +94,11 @@ def make_userns_fd(caller_uid: int, caller_gid: int, sandbox_uid: int, sandbox_g
                 raise SandboxStartError(0, "helper process did not enter its user namespace")
             time.sleep(0.0002)
         with open(f"/proc/{pid}/uid_map", "w", encoding="ascii") as fh:
-            fh.write(f"{caller_uid} {sandbox_uid} 1\n")
+            fh.write(f"{caller_uid} {sandbox_uid} 1\n" + "".join(f"{a} {b} 1\n" for a, b in extra))
         with open(f"/proc/{pid}/setgroups", "w", encoding="ascii") as fh:
             fh.write("deny")
         with open(f"/proc/{pid}/gid_map", "w", encoding="ascii") as fh:
-            fh.write(f"{caller_gid} {sandbox_gid} 1\n")
+            fh.write(f"{caller_gid} {sandbox_gid} 1\n" + "".join(f"{a} {b} 1\n" for a, b in extra))
         return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
         raise SandboxStartError(

@@ -1,0 +1,662 @@
+"""Start a SandboxSpec under runsc, inside a cgroup that holds all of gVisor.
+
+Start-up, in order (each step fails closed):
+
+1. `check()`: runsc answers `--version`, a platform is usable (systrap,
+   kvm with hardware virtualisation, else ptrace), a writable cgroup
+   hierarchy exists; requests this backend cannot honour (a broker, host
+   unix socket grants) raise LayerUnavailableError;
+2. a private directory holds the bundle (config.json, an empty read-only
+   rootfs with mount points, the synthetic passwd/group/hosts) and runsc's
+   state; the sandbox's cgroup gets the spec's limits;
+3. fork; in the child: join the cgroup (so runsc, the sentry, the gofer and
+   every stub process are charged), as root stage idmapped clones of the
+   workspace and binds in a private mount namespace (files the command
+   creates belong to the caller), set PDEATHSIG, exec
+   `unshare --pid --fork --kill-child runsc ... run`.
+
+Teardown guarantee: runsc is pid 1 of a PID namespace that corral's child
+`unshare` holds with --kill-child; if corral is SIGKILLed, PDEATHSIG kills
+`unshare`, which kills runsc, and the kernel then kills every process of
+that namespace (sentry, gofer, stubs and the nested namespaces below).
+The cgroup and state directory are swept by the next start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from corral.errors import CgroupError, LayerUnavailableError, SandboxStartError
+from corral.sandbox import mounts
+from corral.sandbox.backend import GVisorConfig, SandboxNet
+from corral.sandbox.bwrap import StagedBind
+from corral.sandbox.cgroup import Cgroup, CgroupLayout, CgroupUsage, detect_layout, sweep_stale
+from corral.sandbox.gvisor import bundle as bd
+from corral.sandbox.gvisor.stdio import StdioRelay
+from corral.sandbox.namespace import (
+    INSIDE_UID,
+    ExecResult,
+    _etc_entries,
+    _group,
+    _hosts,
+    _passwd,
+    _system_links,
+    _which,
+    cache_dir,
+    set_pdeathsig,
+)
+from corral.sandbox.spec import Limits, SandboxSpec
+
+if TYPE_CHECKING:
+    from corral.sandbox.spec import ExitReason
+    from corral.sandbox.unix_admit import UnixConnectEvent
+
+__all__ = [
+    "RUNSC_TASKS",
+    "STATE_ROOT",
+    "GVisorBackend",
+    "GVisorSandbox",
+    "cgroup_limits",
+    "decide_exit",
+]
+
+#: Bundles and runsc state, one directory per sandbox, named like its cgroup.
+STATE_ROOT = "/run/corral-gvisor"
+_libc = ctypes.CDLL(None, use_errno=True)
+_NOBODY = 65534
+#: Threads of runsc, sentry and gofer beyond the command's own (see cgroup_limits).
+RUNSC_TASKS = 256
+_OWNER_RE = re.compile(r"^[a-z]+-(\d+)-[0-9a-f]+$")
+_VERSION_RE = re.compile(rb"runsc version \S*?(\d{8})")
+
+
+def decide_exit(
+    *, rc: int | None, oom_kills: int, timed_out: bool, interrupted: int
+) -> tuple[int, ExitReason]:
+    """(exit status, reason) of a finished sandbox (pure).
+
+    `rc` is unshare's status, which is runsc's, which is the status the
+    sentry reported for the command (outside the sandbox's reach unless it
+    escapes gVisor). A negative `rc` is a signal to unshare itself.
+    """
+    if timed_out:
+        return 124, "timeout"
+    if interrupted:
+        return 128 + interrupted, "killed"
+    if oom_kills > 0 and (rc is None or rc < 0 or rc == 128 + signal.SIGKILL or rc > 128):
+        return 137, "oom"
+    if rc is None:
+        return 125, "refused"
+    if rc < 0:
+        return 128 - rc, "killed"
+    if rc > 128:
+        return rc, "killed"
+    return rc, "exited"
+
+
+def cgroup_limits(limits: Limits) -> Limits:
+    """The cgroup's limits: the spec's, plus room for gVisor's own tasks (pure).
+
+    The pids controller counts threads; the sentry, the gofer and runsc are
+    Go programs with tens of threads each, charged to the same cgroup, so
+    the command's own pids limit is raised by their share.
+    """
+    if limits.pids is None:
+        return limits
+    return replace(limits, pids=limits.pids + RUNSC_TASKS)
+
+
+def _hardware_virt() -> bool:
+    try:
+        with open("/proc/cpuinfo", "rb") as fh:
+            flags = fh.read()
+    except OSError:
+        return False
+    # A paravirtual /dev/kvm (PVM) exists without vmx/svm and hangs runsc's kvm platform.
+    return os.path.exists("/dev/kvm") and (b" vmx" in flags or b" svm" in flags)
+
+
+def _owner_alive(name: str) -> bool:
+    m = _OWNER_RE.match(name)
+    if m is None:
+        return True  # not ours to judge
+    pid = int(m.group(1))
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_state(root: str = STATE_ROOT) -> list[str]:
+    """Remove bundle/state directories whose owning corral process is gone."""
+    removed: list[str] = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir(root):
+            if not _owner_alive(name):
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+                removed.append(name)
+    return removed
+
+
+class GVisorBackend:
+    """runsc (gVisor): a user-space kernel between the command and the host."""
+
+    kind = "gvisor"
+
+    def __init__(self, config: GVisorConfig, *, cgroup_layout: CgroupLayout | None = None) -> None:
+        self.config = config
+        self._layout = cgroup_layout
+        self.is_root = os.geteuid() == 0
+
+    # -- checks -------------------------------------------------------------
+    def _runsc(self) -> tuple[str | None, str | None, int]:
+        """(path, why not, version date)."""
+        path = self.config.runsc or _which("runsc")
+        if path is None:
+            return None, "runsc not found on PATH (apt-get install runsc)", 0
+        try:
+            out = subprocess.run(
+                [path, "--version"], capture_output=True, timeout=10, check=False
+            ).stdout
+        except (OSError, subprocess.SubprocessError) as exc:
+            return None, f"{path} does not run: {exc}", 0
+        m = _VERSION_RE.search(out)
+        if m is None:
+            return None, f"{path} --version did not name a runsc release", 0
+        return path, None, int(m.group(1))
+
+    def _cgroup_reason(self, layout: CgroupLayout | None) -> str | None:
+        if layout is None:
+            return "no cgroup filesystem mounted"
+        roots = [m for _, m in layout.v1] or ([layout.unified] if layout.unified else [])
+        bad = [r for r in roots if not os.access(r, os.W_OK)]
+        return f"cgroup hierarchy {bad[0]} is not writable" if bad else None
+
+    def check(self, spec: SandboxSpec) -> Mapping[str, str | None]:
+        out: dict[str, str | None] = {}
+        path, why, date = self._runsc()
+        out["runsc"] = why
+        platform, pwhy = bd.choose_platform(
+            self.config.platform, version_date=date, hardware_virt=_hardware_virt()
+        )
+        out["platform"] = None if platform is not None or path is None else pwhy
+        layout = self._layout if self._layout is not None else detect_layout()
+        out["cgroup"] = self._cgroup_reason(layout)
+        out["idmap"] = None if self.is_root else "not root: the workspace is used as is (rootless)"
+        out["egress"] = (
+            None if shutil.which("nsenter") and shutil.which("ip") else "needs nsenter and ip"
+        )
+        out["unix"] = (
+            "gVisor reaches no host unix socket (no --host-uds); --allow-unix cannot be honoured"
+            if spec.allow_unix
+            else None
+        )
+        return out
+
+    def _platform(self) -> tuple[str, str, int]:
+        path, why, date = self._runsc()
+        if path is None:
+            raise LayerUnavailableError(
+                "gvisor", why or "runsc unavailable", "apt-get install runsc"
+            )
+        platform, pwhy = bd.choose_platform(
+            self.config.platform, version_date=date, hardware_virt=_hardware_virt()
+        )
+        if platform is None:
+            raise LayerUnavailableError("gvisor", pwhy)
+        return path, platform, date
+
+    @staticmethod
+    def _abort(proc: subprocess.Popen[bytes], cgroup: Cgroup | None, relay: StdioRelay) -> None:
+        if cgroup is not None:
+            with contextlib.suppress(CgroupError):
+                cgroup.kill()
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait()
+        relay.close(1.0)
+
+    # -- preview ------------------------------------------------------------
+    def _plan(self, spec: SandboxSpec, files_dir: str, staged: list[StagedBind]) -> bd.BundlePlan:
+        protect: tuple[StagedBind, ...] = ()
+        if spec.protect:
+            from corral.sandbox.protect import preview_protection
+
+            protect = preview_protection(spec, staged)
+        return bd.BundlePlan(
+            spec=spec,
+            system_links=_system_links(),
+            etc_entries=_etc_entries(),
+            binds=tuple(staged),
+            files_dir=files_dir,
+            protect_binds=protect,
+            uid=INSIDE_UID,
+            gid=INSIDE_UID,
+        )
+
+    def _staged(self, spec: SandboxSpec) -> list[StagedBind]:
+        binds = [(spec.workspace, True), *((b.path, b.writable) for b in spec.binds)]
+        if self.is_root:
+            return [StagedBind(mounts.staged_path(i), p, w) for i, (p, w) in enumerate(binds)]
+        return [StagedBind(p, p, w) for p, w in binds]
+
+    def preview(self, spec: SandboxSpec) -> list[str]:
+        """The runsc command line; the bundle's config.json follows as a comment line."""
+        path = self.config.runsc or _which("runsc") or "runsc"
+        base = f"{STATE_ROOT}/{spec.env_kind}-PID-ID"
+        argv = bd.runsc_argv(
+            runsc=path,
+            platform=self.config.platform or "ptrace",
+            state_dir=f"{base}/state",
+            bundle_dir=f"{base}/bundle",
+            container_id=f"{spec.env_kind}-PID-ID",
+            rootless=not self.is_root,
+        )
+        return ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", *argv]
+
+    def preview_config(self, spec: SandboxSpec) -> dict[str, object]:
+        """The config.json `start` would write (for `--dry-run`)."""
+        base = f"{STATE_ROOT}/{spec.env_kind}-PID-ID"
+        return bd.build_config(self._plan(spec, f"{base}/bundle/files", self._staged(spec)))
+
+    # -- start --------------------------------------------------------------
+    def start(
+        self,
+        spec: SandboxSpec,
+        *,
+        parent_cgroup: str | None = None,
+        network: Callable[[SandboxNet], None] | None = None,
+        stdio: tuple[int | None, int | None, int | None] | None = None,
+        unix_observer: Callable[[UnixConnectEvent], None] | None = None,
+    ) -> GVisorSandbox:
+        """Start `spec` under runsc; `stdio`: the command's stdin, stdout, stderr.
+
+        runsc gets pipes, never these descriptors (see `gvisor.stdio`).
+        `unix_observer` is never called: runsc runs without `--host-uds`, so no
+        connect() inside reaches a host unix socket at all.
+        """
+        if not os.path.isdir(spec.workspace):
+            raise SandboxStartError(2, f"workspace {spec.workspace} is not a directory")
+        if spec.network.needs_broker and network is None:
+            raise LayerUnavailableError("egress", "the spec needs a broker and none was attached")
+        with_net = network is not None
+        if with_net:
+            from corral.sandbox.egress import SANDBOX_PROXY_PORT
+            from corral.sandbox.gvisor import net as gnet
+
+            spec = replace(spec, env=gnet.rewrite_proxy_env(spec.env, SANDBOX_PROXY_PORT))
+        if spec.allow_unix:
+            raise LayerUnavailableError(
+                "unix", "gVisor reaches no host unix socket; --allow-unix cannot be honoured"
+            )
+        runsc, platform, _ = self._platform()
+        layers: dict[str, object] = {"gvisor": platform}
+        layout = self._layout if self._layout is not None else detect_layout()
+        cg_reason = self._cgroup_reason(layout)
+        if cg_reason is not None:
+            if "cgroup" not in spec.allow_degraded:
+                raise LayerUnavailableError(
+                    "cgroup", cg_reason, "run as root or delegate a cgroup subtree", degradable=True
+                )
+            layers["cgroup"] = f"degraded: {cg_reason}"
+            layout = None
+        else:
+            assert layout is not None
+            layers["cgroup"] = layout.kind
+        parent = parent_cgroup or "corral"
+        name = f"{spec.env_kind}-{os.getpid()}-{os.urandom(4).hex()}"
+        base = os.path.join(STATE_ROOT, name)
+        started = time.monotonic()
+        cgroup: Cgroup | None = None
+        placeholders = None
+        fds: list[int] = []
+        try:
+            os.makedirs(STATE_ROOT, mode=0o700, exist_ok=True)
+            sweep_state()
+            if layout is not None:
+                with contextlib.suppress(CgroupError, OSError):
+                    sweep_stale(layout, parent)
+            staged = self._staged(spec)
+            protect: tuple[StagedBind, ...] = ()
+            if spec.protect:
+                from corral.sandbox.protect import start_protection
+
+                protect, placeholders = start_protection(spec, staged, cache_dir())
+                layers["protect"] = placeholders.summary
+            files = os.path.join(base, "bundle", "files")
+            plan = bd.BundlePlan(
+                spec=spec,
+                system_links=_system_links(),
+                etc_entries=_etc_entries(),
+                binds=tuple(staged),
+                files_dir=files,
+                protect_binds=protect,
+                uid=INSIDE_UID,
+                gid=INSIDE_UID,
+                # runsc's own: the one its prelude left it in (gvisor.net).
+                netns_path="/proc/self/ns/net" if with_net else None,
+            )
+            _write_bundle(base, plan)
+            attach_fds: list[int] = []
+            if layout is not None:
+                cgroup = Cgroup.create(layout, f"{parent}/{name}", cgroup_limits(spec.limits))
+                attach_fds = cgroup.open_attach_fds()
+                fds += attach_fds
+            if self.is_root:
+                # The gofer creates a file as root, then chowns it to the
+                # command's uid: its root needs an on-disk id too (nobody),
+                # which the chown then turns into the caller's.
+                userns_fd = mounts.make_userns_fd(
+                    os.getuid(), os.getgid(), INSIDE_UID, INSIDE_UID, extra=((_NOBODY, 0),)
+                )
+                fds.append(userns_fd)
+                layers["idmap"] = True
+            else:
+                userns_fd = -1
+            argv = [
+                _which("unshare") or "/usr/bin/unshare",
+                "--pid",
+                "--fork",
+                "--kill-child",
+                "--mount-proc",
+            ]
+            block_r = block_w = -1
+            if with_net:
+                block_r, block_w = os.pipe()
+                fds.append(block_r)
+                argv += gnet.runsc_prelude(3)
+            argv += [
+                *bd.runsc_argv(
+                    runsc=runsc,
+                    platform=platform,
+                    state_dir=os.path.join(base, "state"),
+                    bundle_dir=os.path.join(base, "bundle"),
+                    # runsc names its control socket (abstract, host-wide)
+                    # after the container: one id per sandbox.
+                    container_id=name,
+                    rootless=not self.is_root,
+                    network="sandbox" if with_net else "none",
+                ),
+            ]
+            binds = [(spec.workspace, True), *((b.path, b.writable) for b in spec.binds)]
+            is_root = self.is_root
+            me = os.getpid()
+            err_r, err_w = os.pipe()
+            fds.append(err_w)
+
+            def child_setup() -> None:
+                try:
+                    for fd in attach_fds:
+                        os.write(fd, b"0")
+                    if is_root:
+                        mounts.make_private_mount_ns()
+                        for i, (path, writable) in enumerate(binds):
+                            mounts.stage_bind(i, path, writable, userns_fd)
+                    set_pdeathsig(signal.SIGKILL)
+                    if os.getppid() != me:
+                        os._exit(125)
+                    if with_net:
+                        unshare_net()
+                        # dash reads only single-digit descriptors: the
+                        # prelude's is 3 (kept open by pass_fds).
+                        os.dup2(block_r, 3)
+                except BaseException as exc:
+                    with contextlib.suppress(OSError):
+                        os.write(err_w, str(exc).encode()[:4000])
+                    raise
+
+            relay = StdioRelay(stdio or (None, None, None))
+            child_stdio = relay.child_fds()
+            try:
+                # preexec_fn: raw syscalls only (see NamespaceSandbox.start).
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=child_stdio[0],
+                    stdout=child_stdio[1],
+                    stderr=child_stdio[2],
+                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                    preexec_fn=child_setup,  # noqa: PLW1509
+                    close_fds=True,
+                    pass_fds=[3] if with_net else [],
+                    cwd="/",
+                )
+            except (OSError, subprocess.SubprocessError) as exc:
+                os.close(err_w)
+                fds.remove(err_w)
+                detail = os.read(err_r, 4096).decode(errors="replace").strip()
+                os.close(err_r)
+                relay.close(0)
+                raise SandboxStartError(0, f"cannot start runsc: {detail or exc}") from exc
+            os.close(err_r)
+            relay.started()
+            if with_net:
+                assert network is not None
+                link = None
+                try:
+                    link = gnet.BrokerLink(proc.pid)
+                    network(link)
+                    os.write(block_w, b"1\n")
+                    layers["egress"] = f"broker at {gnet.BROKER_IP} on a veth link"
+                except BaseException:
+                    self._abort(proc, cgroup, relay)
+                    raise
+                finally:
+                    if link is not None:
+                        link.close()
+                    os.close(block_w)
+            sandbox = GVisorSandbox(
+                proc=proc,
+                cgroup=cgroup,
+                layers=layers,
+                started=started,
+                base=base,
+                runsc=runsc,
+                placeholders=placeholders,
+                relay=relay,
+            )
+            cgroup = None
+            placeholders = None
+            return sandbox
+        except BaseException:
+            if cgroup is not None:
+                with contextlib.suppress(CgroupError):
+                    cgroup.remove()
+            if placeholders is not None:
+                placeholders.release()
+            shutil.rmtree(base, ignore_errors=True)
+            raise
+        finally:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+
+def unshare_net() -> None:
+    """unshare(CLONE_NEWNET), checked (runs in the child before exec)."""
+    if _libc.unshare(0x40000000) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare(CLONE_NEWNET): {os.strerror(err)}")
+
+
+def _write_bundle(base: str, plan: bd.BundlePlan) -> None:
+    bundle = os.path.join(base, "bundle")
+    rootfs = os.path.join(bundle, "rootfs")
+    os.makedirs(os.path.join(base, "state"), mode=0o700)
+    os.makedirs(rootfs, mode=0o755)
+    os.makedirs(plan.files_dir, mode=0o755)
+    # The gofer opens these as root and the sentry reads them: world-readable,
+    # owned by root, in a directory only root can write.
+    for name, data in (
+        ("passwd", _passwd(plan.spec.home)),
+        ("group", _group()),
+        ("hosts", _hosts(plan.spec.hostname)),
+    ):
+        with open(os.path.join(plan.files_dir, name), "wb") as fh:
+            fh.write(data)
+    for name, target in bd.mount_points(plan):
+        path = os.path.join(rootfs, name)
+        if target is None:
+            os.mkdir(path, 0o755)
+        else:
+            os.symlink(target, path)
+    with open(os.path.join(bundle, "config.json"), "w", encoding="utf-8") as fh:
+        json.dump(bd.build_config(plan), fh)
+
+
+class GVisorSandbox:
+    """A started runsc sandbox. Call close() last.
+
+    Where the report's values come from: the exit status is runsc's, which
+    the sentry (gVisor's kernel, outside the command's reach) reported;
+    cpu, memory, OOM kills and pids-limit hits are the kernel's counters of
+    the cgroup that holds runsc, the sentry and the gofer. When the
+    command (the container's init) exits, the sentry kills every other
+    process of the sandbox; they are not counted one by one
+    (`processes_killed_at_end` stays 0, `layers["leftovers"]` says so).
+    """
+
+    def __init__(
+        self,
+        *,
+        proc: subprocess.Popen[bytes],
+        cgroup: Cgroup | None,
+        layers: dict[str, object],
+        started: float,
+        base: str,
+        runsc: str,
+        placeholders: object | None = None,
+        relay: StdioRelay | None = None,
+    ) -> None:
+        self.proc = proc
+        self._relay = relay
+        self.cgroup = cgroup
+        self._layers = layers
+        self._layers["leftovers"] = "killed by the sentry when the command exits; not counted"
+        self.started = started
+        self.base = base
+        self.runsc = runsc
+        self._placeholders = placeholders
+        self._closed = False
+
+    @property
+    def layers(self) -> Mapping[str, object]:
+        return dict(self._layers)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def usage(self) -> CgroupUsage | None:
+        return self.cgroup.usage() if self.cgroup else None
+
+    def kill_all(self) -> None:
+        if self.cgroup is not None:
+            with contextlib.suppress(CgroupError):
+                self.cgroup.kill()
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+
+    def _freezer(self) -> str:
+        if self.cgroup is None or "freezer" not in self.cgroup.dirs:
+            raise CgroupError(errno.ENOTSUP, "freezer unavailable")
+        return os.path.join(self.cgroup.dirs["freezer"], "freezer.state")
+
+    def freeze(self) -> None:
+        # The freezer stops the sentry and the gofer themselves: nothing of
+        # the sandbox runs, whatever it does inside gVisor.
+        with open(self._freezer(), "w", encoding="ascii") as fh:
+            fh.write("FROZEN")
+
+    def thaw(self) -> None:
+        with open(self._freezer(), "w", encoding="ascii") as fh:
+            fh.write("THAWED")
+
+    def wait(self, timeout_s: float | None = None) -> ExecResult:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        timed_out = False
+        if self.proc.poll() is None:
+            pidfd = os.pidfd_open(self.proc.pid)
+            try:
+                while self.proc.poll() is None:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        timed_out = True
+                        break
+                    select.select([pidfd], [], [], left)
+            finally:
+                os.close(pidfd)
+        if timed_out:
+            self.kill_all()
+            self.proc.wait()
+        return self._finish(timed_out=timed_out)
+
+    def interrupt(self, signum: int) -> ExecResult:
+        self.kill_all()
+        self.proc.wait()
+        return self._finish(timed_out=False, interrupted=signum)
+
+    def _finish(self, *, timed_out: bool, interrupted: int = 0) -> ExecResult:
+        if self.cgroup is not None:
+            with contextlib.suppress(CgroupError):
+                self.cgroup.kill()
+            self.cgroup.wait_empty(10.0)
+        if self._relay is not None:
+            # Every writer of the output pipes is dead: this only drains.
+            self._relay.close()
+        usage = self.usage()
+        oom = usage.oom_kills if usage else 0
+        code, reason = decide_exit(
+            rc=self.proc.returncode, oom_kills=oom, timed_out=timed_out, interrupted=interrupted
+        )
+        return ExecResult(
+            exit=code,
+            reason=reason,
+            wall_s=time.monotonic() - self.started,
+            cpu_s=usage.cpu_s if usage else 0.0,
+            peak_memory_bytes=usage.peak_memory_bytes if usage else 0,
+            processes_killed_at_end=0,
+            layers=dict(self._layers),
+            oom_kills=oom,
+            pids_limit_hits=usage.pids_limit_hits if usage else 0,
+        )
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.proc.poll() is None:
+                self.kill_all()
+                self.proc.wait()
+            if self.cgroup is not None:
+                self.cgroup.remove()
+        finally:
+            if self._relay is not None:
+                self._relay.close(1.0)
+            # Every runsc process is dead (the cgroup is empty): the state
+            # directory is only files now.
+            shutil.rmtree(self.base, ignore_errors=True)
+            release = getattr(self._placeholders, "release", None)
+            if release is not None:
+                release()

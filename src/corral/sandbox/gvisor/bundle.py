@@ -1,0 +1,191 @@
+"""The OCI bundle and the runsc command line, built as pure data.
+
+`BundlePlan` carries what the launcher found out about the host (how /bin is
+linked, which /etc entries exist, where each bind was staged); `build_config`
+turns it into a fresh `config.json` document on every call and `runsc_argv`
+into the command line, so both are golden-tested and printed by `--dry-run`.
+Mount order follows `bwrap.build_argv`: system dirs, then empty tmpfs, then
+the synthetic /etc files, then the user and protection binds by depth, so a
+workspace below /tmp or /home lands on top of the fresh tmpfs.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+
+from corral.sandbox.bwrap import StagedBind
+from corral.sandbox.spec import SandboxSpec
+
+__all__ = [
+    "PLATFORMS",
+    "SYNTHETIC_ETC",
+    "BundlePlan",
+    "build_config",
+    "choose_platform",
+    "mount_points",
+    "runsc_argv",
+]
+
+#: gVisor platforms, best first.
+PLATFORMS: tuple[str, ...] = ("systrap", "kvm", "ptrace")
+#: /etc files the sandbox gets from corral, not from the host.
+SYNTHETIC_ETC: tuple[str, ...] = ("passwd", "group", "hosts")
+#: Directories that start empty and die with the sandbox.
+_TMPFS: tuple[str, ...] = ("/tmp", "/home", "/var", "/var/tmp", "/run")
+
+
+@dataclass(frozen=True, slots=True)
+class BundlePlan:
+    """Host facts the bundle refers to; `files_dir` holds the synthetic /etc files."""
+
+    spec: SandboxSpec
+    system_links: tuple[tuple[str, str | None], ...]
+    etc_entries: tuple[str, ...]
+    binds: tuple[StagedBind, ...]
+    files_dir: str
+    protect_binds: tuple[StagedBind, ...] = ()
+    uid: int = 1000
+    gid: int = 1000
+    #: The network namespace runsc takes its interfaces from (gvisor.net); None: none at all.
+    netns_path: str | None = None
+
+
+def _depth_key(bind: StagedBind) -> tuple[int, str]:
+    return (bind.dest.rstrip("/").count("/"), bind.dest)
+
+
+def _bind(source: str, dest: str, writable: bool) -> dict[str, object]:
+    # nosuid/nodev: the sentry ignores setuid bits anyway; the options keep
+    # the gofer's host mount as narrow as bwrap's.
+    opts = ["rbind", "rw" if writable else "ro", "nosuid", "nodev"]
+    return {"destination": dest, "type": "bind", "source": source, "options": opts}
+
+
+def _tmpfs(dest: str, owner: tuple[int, int] | None = None) -> dict[str, object]:
+    opts = ["nosuid", "nodev", "mode=1777" if dest in ("/tmp", "/var/tmp") else "mode=755"]
+    if owner is not None:
+        opts += [f"uid={owner[0]}", f"gid={owner[1]}"]
+    return {"destination": dest, "type": "tmpfs", "source": "tmpfs", "options": opts}
+
+
+def build_config(plan: BundlePlan) -> dict[str, object]:
+    """The bundle's config.json: a fresh document on every call."""
+    spec = plan.spec
+    mounts: list[dict[str, object]] = [
+        {"destination": "/proc", "type": "proc", "source": "proc"},
+        _bind("/usr", "/usr", False),
+    ]
+    mounts += [_bind(f"/{n}", f"/{n}", False) for n, target in plan.system_links if target is None]
+    tmpfs = list(_TMPFS)
+    if spec.home not in tmpfs:
+        tmpfs.append(spec.home)
+    # The home directory belongs to the command (npm, pip and git write there).
+    mounts += [_tmpfs(d, (plan.uid, plan.gid) if d == spec.home else None) for d in tmpfs]
+    for entry in plan.etc_entries:
+        path = posixpath.join("/etc", entry)
+        mounts.append(_bind(path, path, False))
+    for name in SYNTHETIC_ETC:
+        mounts.append(_bind(posixpath.join(plan.files_dir, name), f"/etc/{name}", False))
+    for b in sorted((*plan.binds, *plan.protect_binds), key=_depth_key):
+        mounts.append(_bind(b.source, b.dest, b.writable))
+    no_caps: list[str] = []
+    return {
+        "ociVersion": "1.0.0",
+        "process": {
+            "terminal": False,
+            "user": {"uid": plan.uid, "gid": plan.gid, "additionalGids": []},
+            "args": list(spec.argv),
+            "env": [f"{k}={v}" for k, v in spec.env],
+            "cwd": spec.workspace,
+            "capabilities": {
+                "bounding": no_caps,
+                "effective": list(no_caps),
+                "inheritable": list(no_caps),
+                "permitted": list(no_caps),
+                "ambient": list(no_caps),
+            },
+            "noNewPrivileges": True,
+        },
+        "root": {"path": "rootfs", "readonly": True},
+        "hostname": spec.hostname,
+        "mounts": mounts,
+        "linux": {
+            "namespaces": [
+                {"type": t, "path": plan.netns_path}
+                if t == "network" and plan.netns_path
+                else {"type": t}
+                for t in ("pid", "network", "ipc", "uts", "mount", "cgroup")
+            ],
+            "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"],
+            "readonlyPaths": ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"],
+        },
+    }
+
+
+def mount_points(plan: BundlePlan) -> tuple[tuple[str, str | None], ...]:
+    """What the (read-only) rootfs directory must hold: (path, symlink target or None for a dir).
+
+    Only top-level entries: deeper mount points are created by the sentry
+    in the tmpfs or bind above them.
+    """
+    out: list[tuple[str, str | None]] = [(n, t) for n, t in plan.system_links if t is not None]
+    tops = {"proc", "dev", "sys", "usr", "etc", *(n for n, t in plan.system_links if t is None)}
+    tops.update(d.strip("/").split("/")[0] for d in (*_TMPFS, plan.spec.home))
+    tops.update(b.dest.strip("/").split("/")[0] for b in (*plan.binds, *plan.protect_binds))
+    links = {n for n, _ in out}
+    out += [(n, None) for n in sorted(tops - links) if n]
+    return tuple(out)
+
+
+def runsc_argv(
+    *,
+    runsc: str,
+    platform: str,
+    state_dir: str,
+    bundle_dir: str,
+    container_id: str,
+    rootless: bool = False,
+    network: str = "none",
+) -> list[str]:
+    """`runsc run` for one bundle: no network stack but loopback, cgroups left to corral.
+
+    `--ignore-cgroups`: corral puts runsc in the sandbox's cgroup before it
+    starts, so the sentry and the gofer are charged with everything the
+    sandbox does; runsc must not move them elsewhere.
+    """
+    argv = [
+        runsc,
+        "--root",
+        state_dir,
+        f"--platform={platform}",
+        f"--network={network}",
+        "--ignore-cgroups",
+    ]
+    if rootless:
+        argv.append("--rootless")
+    argv += ["run", "--bundle", bundle_dir, container_id]
+    return argv
+
+
+def choose_platform(
+    forced: str | None, *, version_date: int, hardware_virt: bool
+) -> tuple[str | None, str]:
+    """(platform, why) for this host; platform None when `forced` is not usable.
+
+    systrap exists from mid-2023 runsc on; kvm needs hardware virtualisation
+    (a paravirtual /dev/kvm, as under PVM, makes runsc's kvm platform hang);
+    ptrace works everywhere runsc does.
+    """
+    usable = ["ptrace"]
+    if hardware_virt:
+        usable.insert(0, "kvm")
+    if version_date >= 20230601:
+        usable.insert(0, "systrap")
+    if forced is not None:
+        if forced not in PLATFORMS:
+            return None, f"unknown gVisor platform {forced!r}; one of {', '.join(PLATFORMS)}"
+        if forced not in usable:
+            return None, f"platform {forced} is not usable on this host"
+        return forced, "requested"
+    return usable[0], "best available"

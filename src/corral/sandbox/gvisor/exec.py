@@ -1,0 +1,164 @@
+"""`corral exec --backend gvisor`: one SandboxSpec under runsc, reported like the default backend.
+
+The shell around `GVisorBackend` (exec_run.execute is the namespace one):
+journal, terminal relay, setuid stripping and the --json summary are the
+same helpers, so both backends report the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+
+from corral.sandbox.backend import GVisorConfig
+from corral.sandbox.exec_run import (
+    _journal_event,
+    _journal_outcome,
+    _strip_setid,
+    _terminal_relay,
+)
+from corral.sandbox.gvisor.backend import GVisorBackend, GVisorSandbox
+from corral.sandbox.spec import SandboxSpec
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from corral.broker.process import BrokerProcess
+    from corral.sandbox.backend import SandboxNet
+
+__all__ = ["execute"]
+
+
+def execute(
+    spec: SandboxSpec,
+    *,
+    journal: str | None,
+    dry_run: bool,
+    interrupted_exc: type[BaseException],
+) -> tuple[dict[str, object], int] | None:
+    """Run `spec` under gVisor; (the --json summary, exit status), or None for a dry run."""
+    backend = GVisorBackend(GVisorConfig())
+    if dry_run:
+        import json
+
+        from corral.sandbox.exec_cli import quote_argv
+
+        sys.stdout.write(quote_argv(backend.preview(spec)) + "\n")
+        sys.stdout.write(json.dumps(backend.preview_config(spec), indent=1) + "\n")
+        return None
+    from corral.sandbox.reaper import become_subreaper
+
+    become_subreaper()
+    run = spec.run_id or f"exec-{os.urandom(4).hex()}"
+    with contextlib.ExitStack() as stack:
+        jw = None
+        if journal is not None:
+            from corral.broker.journal import Journal
+
+            jw = stack.enter_context(Journal(Path(journal).resolve()))
+        egress = None
+        if spec.network.needs_broker:
+            import tempfile
+
+            from corral.broker.journal import Journal
+
+            if jw is None:
+                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="corral-exec-"))
+                journal = os.path.join(tmp, "j.sqlite")
+                jw = stack.enter_context(Journal(Path(journal)))
+            egress = _Egress(spec, Path(journal).resolve() if journal else None, run)
+            stack.callback(egress.stop)
+        relay = _terminal_relay(stack)
+        sandbox: GVisorSandbox | None = None
+        try:
+            if relay is not None:
+                relay.start()
+            sandbox = backend.start(
+                spec,
+                stdio=relay.stdio if relay is not None else None,
+                network=egress.attach if egress is not None else None,
+            )
+            if relay is not None:
+                relay.spawned()
+            for layer, state in sandbox.layers.items():
+                if isinstance(state, str) and state.startswith("degraded"):
+                    _journal_event(
+                        jw,
+                        spec=spec,
+                        run=run,
+                        event="degraded",
+                        reason=f"layer {layer} {state}",
+                        detail={"layer": layer},
+                    )
+            try:
+                result = sandbox.wait(spec.limits.timeout_s)
+            except interrupted_exc as exc:
+                result = sandbox.interrupt(int(getattr(exc, "signum", 15)))
+        finally:
+            if sandbox is not None:
+                with contextlib.suppress(Exception):
+                    sandbox.close()
+        if egress is not None:
+            egress.stop()
+        unchecked = _strip_setid(jw, run, spec)
+        _journal_outcome(jw, run, result, spec)
+        observations = None
+        if jw is not None:
+            jw.flush()
+            if journal is not None:
+                from corral.broker.journal import decision_counts
+
+                allowed, denied = decision_counts(Path(journal).resolve(), run)
+                observations = {"allowed": allowed, "denied": denied}
+    if unchecked:
+        sys.stderr.write(f"corral exec: {unchecked}\n")
+        return result.summary(observations) | {"exit": 125, "message": unchecked}, 125
+    if result.reason == "timeout":
+        sys.stderr.write(
+            f"corral exec: timed out after {spec.limits.timeout_s:g}s; sandbox killed\n"
+        )
+    elif result.reason == "oom":
+        sys.stderr.write("corral exec: killed by the memory limit\n")
+    return result.summary(observations), result.exit
+
+
+class _Egress:
+    """The broker on the gVisor sandbox's link (gvisor.net), started by `attach`."""
+
+    def __init__(self, spec: SandboxSpec, journal: Path | None, run: str) -> None:
+        assert spec.network.broker_config is not None and journal is not None
+        self.spec = spec
+        self.journal = journal
+        self.run = run
+        self.process: BrokerProcess | None = None
+
+    def attach(self, net: SandboxNet) -> None:
+        from corral.broker.config import BrokerConfig
+        from corral.broker.process import start_broker
+        from corral.sandbox.egress import SANDBOX_PROXY_PORT
+
+        assert self.spec.network.broker_config is not None
+        sock = net.listen(SANDBOX_PROXY_PORT)
+        try:
+            self.process = start_broker(
+                BrokerConfig.from_json(self.spec.network.broker_config),
+                self.journal,
+                run=self.run,
+                session=self.spec.session_id,
+                env=self.spec.env_kind,
+                listen_fds=[sock.fileno()],
+            )
+        finally:
+            # The broker holds the only copy: when it dies, nothing listens.
+            sock.close()
+        try:
+            self.process.wait_ready(15.0)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.process is not None:
+            with contextlib.suppress(OSError):
+                self.process.stop()

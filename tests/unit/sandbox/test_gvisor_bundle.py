@@ -1,0 +1,188 @@
+"""The gVisor backend's pure pieces: config.json, runsc argv, platform choice, exit decision."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+from corral.sandbox.bwrap import StagedBind
+from corral.sandbox.gvisor import bundle as bd
+from corral.sandbox.gvisor.backend import RUNSC_TASKS, cgroup_limits, decide_exit
+from corral.sandbox.spec import Bind, Limits, SandboxSpec
+
+SPEC = SandboxSpec(
+    argv=("git", "status"),
+    workspace="/home/u/ws",
+    env=(("PATH", "/usr/bin:/bin"), ("HOME", "/home/corral")),
+    binds=(Bind("/opt/data", False),),
+    limits=Limits(memory_bytes=1 << 30, pids=100),
+)
+PLAN = bd.BundlePlan(
+    spec=SPEC,
+    system_links=(("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", None)),
+    etc_entries=("ssl", "nsswitch.conf"),
+    binds=(
+        StagedBind("/run/corral-stage/0", "/home/u/ws", True),
+        StagedBind("/run/corral-stage/1", "/opt/data", False),
+    ),
+    files_dir="/run/corral-gvisor/x/bundle/files",
+    protect_binds=(StagedBind("/run/corral-stage/0/.git/hooks", "/home/u/ws/.git/hooks", False),),
+)
+
+
+def _b(src: str, dst: str, rw: bool) -> dict[str, object]:
+    return {
+        "destination": dst,
+        "type": "bind",
+        "source": src,
+        "options": ["rbind", "rw" if rw else "ro", "nosuid", "nodev"],
+    }
+
+
+def _t(dst: str, mode: str = "mode=755") -> dict[str, object]:
+    return {
+        "destination": dst,
+        "type": "tmpfs",
+        "source": "tmpfs",
+        "options": ["nosuid", "nodev", mode],
+    }
+
+
+GOLDEN: dict[str, object] = {
+    "ociVersion": "1.0.0",
+    "process": {
+        "terminal": False,
+        "user": {"uid": 1000, "gid": 1000, "additionalGids": []},
+        "args": ["git", "status"],
+        "env": ["PATH=/usr/bin:/bin", "HOME=/home/corral"],
+        "cwd": "/home/u/ws",
+        "capabilities": {
+            k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")
+        },
+        "noNewPrivileges": True,
+    },
+    "root": {"path": "rootfs", "readonly": True},
+    "hostname": "corral",
+    "mounts": [
+        {"destination": "/proc", "type": "proc", "source": "proc"},
+        _b("/usr", "/usr", False),
+        _b("/lib64", "/lib64", False),
+        _t("/tmp", "mode=1777"),
+        _t("/home"),
+        _t("/var"),
+        _t("/var/tmp", "mode=1777"),
+        _t("/run"),
+        {
+            "destination": "/home/corral",
+            "type": "tmpfs",
+            "source": "tmpfs",
+            "options": ["nosuid", "nodev", "mode=755", "uid=1000", "gid=1000"],
+        },
+        _b("/etc/ssl", "/etc/ssl", False),
+        _b("/etc/nsswitch.conf", "/etc/nsswitch.conf", False),
+        _b("/run/corral-gvisor/x/bundle/files/passwd", "/etc/passwd", False),
+        _b("/run/corral-gvisor/x/bundle/files/group", "/etc/group", False),
+        _b("/run/corral-gvisor/x/bundle/files/hosts", "/etc/hosts", False),
+        _b("/run/corral-stage/1", "/opt/data", False),
+        _b("/run/corral-stage/0", "/home/u/ws", True),
+        _b("/run/corral-stage/0/.git/hooks", "/home/u/ws/.git/hooks", False),
+    ],
+    "linux": {
+        "namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount", "cgroup")],
+        "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"],
+        "readonlyPaths": ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"],
+    },
+}
+
+
+def test_config_is_golden() -> None:
+    assert bd.build_config(PLAN) == GOLDEN
+
+
+def test_config_is_fresh_each_call() -> None:
+    first = bd.build_config(PLAN)
+    first["mounts"].append({"destination": "/evil"})  # type: ignore[attr-defined]
+    assert bd.build_config(PLAN) == GOLDEN
+    json.dumps(GOLDEN)  # serialisable as written
+
+
+def test_env_is_exactly_the_spec() -> None:
+    proc = bd.build_config(PLAN)["process"]
+    assert isinstance(proc, dict)
+    assert proc["env"] == ["PATH=/usr/bin:/bin", "HOME=/home/corral"]
+
+
+def test_no_host_path_but_the_allowed_ones() -> None:
+    mounts = bd.build_config(PLAN)["mounts"]
+    assert isinstance(mounts, list)
+    sources = {m["source"] for m in mounts if m["type"] == "bind"}
+    assert not sources & {"/", "/root", "/etc", "/home", "/run", "/var", "/tmp", "/dev"}
+
+
+def test_mount_points() -> None:
+    pts = dict(bd.mount_points(PLAN))
+    assert pts["bin"] == "usr/bin" and pts["lib"] == "usr/lib"
+    for d in ("proc", "dev", "usr", "etc", "tmp", "home", "var", "run", "opt", "lib64"):
+        assert pts[d] is None
+
+
+def test_runsc_argv() -> None:
+    argv = bd.runsc_argv(
+        runsc="/usr/bin/runsc", platform="ptrace", state_dir="/s", bundle_dir="/b", container_id="c"
+    )
+    assert argv == [
+        "/usr/bin/runsc",
+        "--root",
+        "/s",
+        "--platform=ptrace",
+        "--network=none",
+        "--ignore-cgroups",
+        "run",
+        "--bundle",
+        "/b",
+        "c",
+    ]
+
+
+def test_netns_path_and_proxy_rewrite() -> None:
+    from dataclasses import replace
+
+    from corral.sandbox.gvisor.net import BROKER_IP, rewrite_proxy_env
+
+    cfg = bd.build_config(replace(PLAN, netns_path="/proc/self/ns/net"))
+    linux = cfg["linux"]
+    assert isinstance(linux, dict)
+    assert {"type": "network", "path": "/proc/self/ns/net"} in linux["namespaces"]
+    env = rewrite_proxy_env((("HTTP_PROXY", "http://127.0.0.1:3128"), ("A", "127.0.0.1:80")), 3128)
+    assert env == (("HTTP_PROXY", f"http://{BROKER_IP}:3128"), ("A", "127.0.0.1:80"))
+
+
+def test_platform_choice() -> None:
+    assert bd.choose_platform(None, version_date=20221219, hardware_virt=False) == (
+        "ptrace",
+        "best available",
+    )
+    assert bd.choose_platform(None, version_date=20221219, hardware_virt=True)[0] == "kvm"
+    assert bd.choose_platform(None, version_date=20240101, hardware_virt=False)[0] == "systrap"
+    # A paravirtual /dev/kvm (no vmx/svm) must never select kvm, even on request.
+    assert bd.choose_platform("kvm", version_date=20221219, hardware_virt=False)[0] is None
+    assert bd.choose_platform("bogus", version_date=20240101, hardware_virt=True)[0] is None
+
+
+def test_exit_decision() -> None:
+    assert decide_exit(rc=3, oom_kills=0, timed_out=False, interrupted=0) == (3, "exited")
+    assert decide_exit(rc=0, oom_kills=0, timed_out=True, interrupted=0) == (124, "timeout")
+    assert decide_exit(rc=137, oom_kills=1, timed_out=False, interrupted=0) == (137, "oom")
+    assert decide_exit(rc=-9, oom_kills=1, timed_out=False, interrupted=0) == (137, "oom")
+    assert decide_exit(rc=-9, oom_kills=0, timed_out=False, interrupted=0) == (137, "killed")
+    assert decide_exit(rc=0, oom_kills=0, timed_out=False, interrupted=signal.SIGTERM) == (
+        143,
+        "killed",
+    )
+    assert decide_exit(rc=None, oom_kills=0, timed_out=False, interrupted=0) == (125, "refused")
+
+
+def test_cgroup_limits_add_gvisor_tasks() -> None:
+    assert cgroup_limits(Limits(pids=10)).pids == 10 + RUNSC_TASKS
+    assert cgroup_limits(Limits()).pids is None
+    assert cgroup_limits(Limits(memory_bytes=5)).memory_bytes == 5
