@@ -13,6 +13,11 @@ def case(request: pytest.FixtureRequest) -> Case:
     name = request.node.originalname.removeprefix("test_")
     if name in c.not_applicable:
         pytest.skip(f"{c.name}: not applicable: {c.not_applicable[name]}")
+    param = request.node.name.removeprefix("test_").split("[", 1)[-1].rstrip("]").split("-")
+    for key, why in c.known_failures.items():
+        test, _, want = key.partition("[")
+        if test == name and (not want or want.rstrip("]") in param):
+            request.applymarker(pytest.mark.xfail(strict=True, reason=f"{c.name}: {why}"))
     return c
 
 

@@ -37,6 +37,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from corral.errors import CgroupError, LayerUnavailableError, SandboxStartError
@@ -558,7 +559,7 @@ class GVisorSandbox:
 
     @property
     def layers(self) -> Mapping[str, object]:
-        return dict(self._layers)
+        return MappingProxyType(self._layers)
 
     @property
     def pid(self) -> int:
