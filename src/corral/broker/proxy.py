@@ -33,7 +33,7 @@ import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import h11
 from pydantic import ValidationError
@@ -212,6 +212,20 @@ class _Upstream(Exception):
         super().__init__(message)
         self.started = started
         self.status = status
+
+
+class _BodyLimit(Exception):
+    """The client's request body went past `max_body_bytes` while it was relayed."""
+
+
+BODY_LIMIT_RULE: Final = "body-limit"
+
+
+def _declared_length(request: h11.Request) -> int | None:
+    for name, value in request.headers:
+        if name == b"content-length":
+            return int(value)  # h11 has already checked it is digits
+    return None
 
 
 class _Closed(Exception):
@@ -528,6 +542,9 @@ class _ClientConnection:
         extra["headers"] = request_headers(request, strip_names)
         if route is not None:
             extra["upstream"] = f"{route.scheme}://{format_hostport(route.host, route.port)}"
+        declared = _declared_length(request)
+        if declared is not None and declared > self.limits.max_body_bytes:
+            return await self._refuse_body(action, extra, declared)
         budget = self.state.budgets.get(name) if route is not None else None
         if budget is not None and budget.serialised:
             async with budget.lock:
@@ -544,6 +561,17 @@ class _ClientConnection:
             await self._deny(503, "journal-unavailable", f"journal write failed: {exc}")
             return False
         await self._deny(429, BUDGET_RULE, why)
+        return False
+
+    async def _refuse_body(self, action: Action, extra: dict[str, Any], declared: int) -> bool:
+        limit = self.limits.max_body_bytes
+        why = f"request body of {declared} bytes is over the {limit}-byte limit"
+        try:
+            await self._record(action, Decision("deny", BODY_LIMIT_RULE, why), extra)
+        except Exception as exc:
+            await self._deny(503, "journal-unavailable", f"journal write failed: {exc}")
+            return False
+        await self._deny(413, BODY_LIMIT_RULE, why)
         return False
 
     async def _route_admitted(
@@ -585,6 +613,9 @@ class _ClientConnection:
         if action.query:
             extra["query"] = action.query[:1024]
         extra["headers"] = request_headers(request, frozenset())
+        declared = _declared_length(request)
+        if declared is not None and declared > self.limits.max_body_bytes:
+            return await self._refuse_body(action, extra, declared)
         admitted = await self._admit(action, action.port, extra)
         if admitted is None:
             return False
@@ -674,6 +705,15 @@ class _ClientConnection:
                 if not exc.started:
                     await self._deny(502, decision.rule or "upstream", str(exc))
                 return False
+            except _BodyLimit:
+                # Chunked bodies declare no length: cut off where the count
+                # passes the limit; the upstream sees a request that never ended.
+                self._drop_upstream()
+                why = f"request body is over the {self.limits.max_body_bytes}-byte limit"
+                over: dict[str, Any] = {"error": why, "rule": BODY_LIMIT_RULE}
+                self._outcome(obs_id, counts, started, self._metered(over, budget, meter))
+                await self._deny(413, BODY_LIMIT_RULE, why)
+                return False
             except BaseException as exc:
                 self._drop_upstream()
                 failed = {"error": f"client: {exc!r}"}
@@ -749,6 +789,8 @@ class _ClientConnection:
                 continue
             if isinstance(event, h11.Data):
                 counts[0] += len(event.data)
+                if counts[0] > self.limits.max_body_bytes:
+                    raise _BodyLimit
                 out += cc.send(h11.Data(data=event.data)) or b""
                 if len(out) >= _RECV:
                     await flush_up()
