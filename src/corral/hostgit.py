@@ -151,6 +151,32 @@ def _c_quote(path: bytes) -> bytes:
     return bytes(out)
 
 
+#: Joins every `cgroup.procs` file named in CORRAL_JOIN_CGROUPS (":"-separated)
+#: and only then execs git: the process is charged to the run from its first
+#: allocation (moving it after start would let it allocate uncharged first).
+#: A join that fails exits 125 before git runs.
+_JOIN = (
+    'IFS=:; for f in $CORRAL_JOIN_CGROUPS; do echo 0 > "$f" || exit 125; done; '
+    'unset CORRAL_JOIN_CGROUPS IFS; exec "$@"'
+)
+
+
+def _joined(argv: list[str], env: dict[str, str], cgroup_procs: Sequence[str]) -> list[str]:
+    """`argv` run by a shell that first joins `cgroup_procs` (`argv` itself when empty)."""
+    if not cgroup_procs:
+        return argv
+    if any(":" in p for p in cgroup_procs):
+        raise GitError(f"cgroup path with ':' cannot be joined: {cgroup_procs!r}")
+    env["CORRAL_JOIN_CGROUPS"] = ":".join(cgroup_procs)
+    return ["/bin/sh", "-c", _JOIN, "corral-git", *argv]
+
+
+def _exit_reason(code: int, stderr: bytes) -> str:
+    if code == 125:
+        return f"could not join the run cgroup: {stderr.decode(errors='replace').strip()}"
+    return stderr.decode(errors="replace").strip()
+
+
 def safe_git(
     git_dir: str | Path,
     work_tree: str | Path,
@@ -159,6 +185,7 @@ def safe_git(
     input_bytes: bytes | None = None,
     timeout: float = 120,
     index_file: str | None = None,
+    cgroup_procs: Sequence[str] = (),
 ) -> bytes:
     """Run `git ARGS` with the trusted `git_dir` over `work_tree`; return stdout.
 
@@ -176,7 +203,7 @@ def safe_git(
         args = list(args)
         if args and args[0] in _DIFFING and "--no-ext-diff" not in args:
             args[1:1] = ["--no-ext-diff", "--no-textconv"]
-        argv = [git, *_config_args(), *args]
+        argv = _joined([git, *_config_args(), *args], env, cgroup_procs)
         try:
             proc = subprocess.run(
                 argv,
@@ -191,7 +218,7 @@ def safe_git(
             raise GitError(f"git {' '.join(args[:2])} timed out after {timeout}s") from exc
     if proc.returncode != 0:
         raise GitError(
-            f"git {' '.join(args[:3])} failed: {proc.stderr.decode(errors='replace').strip()}"
+            f"git {' '.join(args[:3])} failed: {_exit_reason(proc.returncode, proc.stderr)}"
         )
     return proc.stdout
 
@@ -203,6 +230,8 @@ class TrustedRepo:
     git_dir: Path
     work_tree: Path
     budget: GitBudget = DEFAULT_GIT_BUDGET
+    cgroup_procs: tuple[str, ...] = ()
+    """`cgroup.procs` files every git process joins before it runs (the run's helpers)."""
 
     def git(
         self, *args: str, input_bytes: bytes | None = None, timeout: float | None = None
@@ -213,6 +242,7 @@ class TrustedRepo:
             args,
             input_bytes=input_bytes,
             timeout=self.budget.timeout_s if timeout is None else timeout,
+            cgroup_procs=self.cgroup_procs,
         )
 
     def init(self) -> None:
@@ -283,9 +313,16 @@ class TrustedRepo:
                 input_bytes=info,
                 index_file=index,
                 timeout=_remaining(deadline),
+                cgroup_procs=self.cgroup_procs,
             )
             tree = (
-                safe_git(self.git_dir, self.work_tree, ["write-tree"], index_file=index)
+                safe_git(
+                    self.git_dir,
+                    self.work_tree,
+                    ["write-tree"],
+                    index_file=index,
+                    cgroup_procs=self.cgroup_procs,
+                )
                 .decode()
                 .strip()
             )
@@ -366,7 +403,7 @@ class TrustedRepo:
                 skipped.append(member.name)
                 return None
 
-        with _archive(self.git_dir, self.work_tree, commit) as stream:
+        with _archive(self, commit) as stream:
             # A watchdog, not a check between members: one member's data can
             # take the whole budget to arrive. Killing git ends the stream.
             timer = threading.Timer(budget.timeout_s, stream.kill)
@@ -444,24 +481,28 @@ class _Archive:
                 self.proc.stderr.close()
         finally:
             self._home.cleanup()
-        if exc[0] is None and code not in (0, -signal.SIGKILL):
-            raise GitError(f"git archive failed: {stderr.decode(errors='replace').strip()}")
+        # 125: the join failed and git never ran; that reason beats "unreadable tar".
+        if code == 125 or (exc[0] is None and code not in (0, -signal.SIGKILL)):
+            raise GitError(f"git archive failed: {_exit_reason(code, stderr)}")
 
 
-def _archive(git_dir: Path, work_tree: Path, commit: str) -> _Archive:
+def _archive(repo: TrustedRepo, commit: str) -> _Archive:
     """Start `git archive --format=tar COMMIT` with the hardened environment."""
     git = shutil.which("git")
     if git is None:
         raise GitError("git is not installed")
     home = tempfile.TemporaryDirectory(prefix="corral-git-home-")
     env = hardened_env(home.name)
-    env["GIT_DIR"] = str(git_dir)
-    env["GIT_WORK_TREE"] = str(work_tree)
+    env["GIT_DIR"] = str(repo.git_dir)
+    env["GIT_WORK_TREE"] = str(repo.work_tree)
+    argv = _joined(
+        [git, *_config_args(), "archive", "--format=tar", commit], env, repo.cgroup_procs
+    )
     try:
         proc = subprocess.Popen(
-            [git, *_config_args(), "archive", "--format=tar", commit],
+            argv,
             env=env,
-            cwd=str(work_tree),
+            cwd=str(repo.work_tree),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
