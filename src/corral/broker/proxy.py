@@ -429,20 +429,23 @@ class _ClientConnection:
 
     # --- answering -------------------------------------------------------
 
-    async def _deny(self, status: int, rule: str, reason: str) -> None:
+    async def _deny(
+        self, status: int, rule: str, reason: str, drain: int = 1 << 20, drain_s: float = 1.0
+    ) -> None:
         with contextlib.suppress(OSError):
             await self.client.sendall(denial_response(status, rule, reason))
-        await self._linger()
+        await self._linger(drain, drain_s)
 
-    async def _linger(self) -> None:
+    async def _linger(self, drain: int = 1 << 20, drain_s: float = 1.0) -> None:
         # Closing a socket with unread input makes the kernel send RST, which
         # can destroy the denial still in flight to the client. Half-close,
-        # then drain what the client still sends, briefly.
+        # then drain what the client still sends, briefly (read and dropped:
+        # time, not memory).
         self.client.shutdown_write()
         with contextlib.suppress(OSError, TimeoutError):
-            async with asyncio.timeout(1.0):
+            async with asyncio.timeout(drain_s):
                 drained = 0
-                while drained < 1 << 20:
+                while drained < drain:
                     data = await self.client.recv(65536)
                     if not data:
                         break
@@ -571,7 +574,10 @@ class _ClientConnection:
         except Exception as exc:
             await self._deny(503, "journal-unavailable", f"journal write failed: {exc}")
             return False
-        await self._deny(413, BODY_LIMIT_RULE, why)
+        # Clients send the whole body before reading the answer: drain what
+        # was declared (bounded) so the 413 is read rather than reset.
+        drain = min(declared, 4 * self.limits.max_body_bytes)
+        await self._deny(413, BODY_LIMIT_RULE, why, drain=drain, drain_s=5.0)
         return False
 
     async def _route_admitted(
