@@ -22,20 +22,32 @@ any path component named `.git` when it walks the work tree.
 
 from __future__ import annotations
 
-import io
+import contextlib
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import tarfile
 import tempfile
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Final
 
 from corral.errors import CorralError
 
-__all__ = ["GitError", "TrustedRepo", "hardened_env", "safe_git"]
+__all__ = [
+    "DEFAULT_GIT_BUDGET",
+    "GitBudget",
+    "GitBudgetError",
+    "GitError",
+    "TrustedRepo",
+    "hardened_env",
+    "safe_git",
+]
 
 _FORCED_CONFIG: tuple[tuple[str, str], ...] = (
     ("core.hooksPath", "/dev/null"),
@@ -58,6 +70,9 @@ _FORCED_CONFIG: tuple[tuple[str, str], ...] = (
     ("user.email", "corral@localhost"),
     ("init.defaultBranch", "main"),
     ("safe.directory", "*"),
+    # Blobs past this are streamed by hash-object and archive instead of read
+    # (or mapped) whole: a sparse 512 MiB file would otherwise cost git 512 MiB.
+    ("core.bigFileThreshold", "1m"),
 )
 
 
@@ -67,6 +82,27 @@ _DIFFING = frozenset({"diff", "log", "show", "format-patch", "whatchanged"})
 
 class GitError(CorralError, RuntimeError):
     """A git command on a workspace failed."""
+
+
+class GitBudgetError(GitError):
+    """Host git work on a workspace went past its size or wall-clock budget."""
+
+
+@dataclass(frozen=True)
+class GitBudget:
+    """What host git may spend on one commit or snapshot of a workspace.
+
+    Sizes are apparent sizes (`st_size`, what git hashes and archive emits),
+    not blocks on disk: a sparse file costs git its apparent size in time.
+    """
+
+    max_file_bytes: int = 256 << 20
+    max_total_bytes: int = 1 << 30
+    timeout_s: float = 300.0
+
+
+DEFAULT_GIT_BUDGET: Final = GitBudget()
+_COPY = 1 << 16
 
 
 def hardened_env(empty_home: str) -> dict[str, str]:
@@ -115,6 +151,32 @@ def _c_quote(path: bytes) -> bytes:
     return bytes(out)
 
 
+#: Joins every `cgroup.procs` file named in CORRAL_JOIN_CGROUPS (":"-separated)
+#: and only then execs git: the process is charged to the run from its first
+#: allocation (moving it after start would let it allocate uncharged first).
+#: A join that fails exits 125 before git runs.
+_JOIN = (
+    'IFS=:; for f in $CORRAL_JOIN_CGROUPS; do echo 0 > "$f" || exit 125; done; '
+    'unset CORRAL_JOIN_CGROUPS IFS; exec "$@"'
+)
+
+
+def _joined(argv: list[str], env: dict[str, str], cgroup_procs: Sequence[str]) -> list[str]:
+    """`argv` run by a shell that first joins `cgroup_procs` (`argv` itself when empty)."""
+    if not cgroup_procs:
+        return argv
+    if any(":" in p for p in cgroup_procs):
+        raise GitError(f"cgroup path with ':' cannot be joined: {cgroup_procs!r}")
+    env["CORRAL_JOIN_CGROUPS"] = ":".join(cgroup_procs)
+    return ["/bin/sh", "-c", _JOIN, "corral-git", *argv]
+
+
+def _exit_reason(code: int, stderr: bytes) -> str:
+    if code == 125:
+        return f"could not join the run cgroup: {stderr.decode(errors='replace').strip()}"
+    return stderr.decode(errors="replace").strip()
+
+
 def safe_git(
     git_dir: str | Path,
     work_tree: str | Path,
@@ -123,6 +185,7 @@ def safe_git(
     input_bytes: bytes | None = None,
     timeout: float = 120,
     index_file: str | None = None,
+    cgroup_procs: Sequence[str] = (),
 ) -> bytes:
     """Run `git ARGS` with the trusted `git_dir` over `work_tree`; return stdout.
 
@@ -140,7 +203,7 @@ def safe_git(
         args = list(args)
         if args and args[0] in _DIFFING and "--no-ext-diff" not in args:
             args[1:1] = ["--no-ext-diff", "--no-textconv"]
-        argv = [git, *_config_args(), *args]
+        argv = _joined([git, *_config_args(), *args], env, cgroup_procs)
         try:
             proc = subprocess.run(
                 argv,
@@ -155,7 +218,7 @@ def safe_git(
             raise GitError(f"git {' '.join(args[:2])} timed out after {timeout}s") from exc
     if proc.returncode != 0:
         raise GitError(
-            f"git {' '.join(args[:3])} failed: {proc.stderr.decode(errors='replace').strip()}"
+            f"git {' '.join(args[:3])} failed: {_exit_reason(proc.returncode, proc.stderr)}"
         )
     return proc.stdout
 
@@ -166,9 +229,21 @@ class TrustedRepo:
 
     git_dir: Path
     work_tree: Path
+    budget: GitBudget = DEFAULT_GIT_BUDGET
+    cgroup_procs: tuple[str, ...] = ()
+    """`cgroup.procs` files every git process joins before it runs (the run's helpers)."""
 
-    def git(self, *args: str, input_bytes: bytes | None = None) -> bytes:
-        return safe_git(self.git_dir, self.work_tree, args, input_bytes=input_bytes)
+    def git(
+        self, *args: str, input_bytes: bytes | None = None, timeout: float | None = None
+    ) -> bytes:
+        return safe_git(
+            self.git_dir,
+            self.work_tree,
+            args,
+            input_bytes=input_bytes,
+            timeout=self.budget.timeout_s if timeout is None else timeout,
+            cgroup_procs=self.cgroup_procs,
+        )
 
     def init(self) -> None:
         if (self.git_dir / "HEAD").exists():
@@ -186,7 +261,13 @@ class TrustedRepo:
         filters), files inside nested repositories are recorded as files,
         and `.git` directories at any depth are left out. Names are bytes
         throughout: a workspace may hold names that are not UTF-8.
+
+        Raises GitBudgetError (nothing recorded) when a file or the tree is
+        over `budget` in apparent size, or the commit takes longer than its
+        wall-clock budget.
         """
+        deadline = time.monotonic() + self.budget.timeout_s
+        total = 0
         entries: list[tuple[bytes, bytes, bytes]] = []  # (mode, sha, path)
         regular: list[tuple[bytes, bytes]] = []  # (mode, path)
         root = os.fsencode(self.work_tree)
@@ -205,6 +286,8 @@ class TrustedRepo:
                     ).strip()
                     entries.append((b"120000", sha, rel))
                 elif stat.S_ISREG(st.st_mode):
+                    total += st.st_size
+                    self._check_size(rel, st, total)
                     regular.append((b"100755" if st.st_mode & 0o111 else b"100644", rel))
         if regular:
             # Every path goes C-quoted: --stdin-paths unquotes a line that
@@ -217,6 +300,7 @@ class TrustedRepo:
                 "--no-filters",
                 "--stdin-paths",
                 input_bytes=b"".join(_c_quote(p) + b"\n" for _, p in regular),
+                timeout=_remaining(deadline),
             ).split()
             entries += [(m, s, p) for (m, p), s in zip(regular, shas, strict=True)]
         with tempfile.TemporaryDirectory(prefix="corral-index-") as tmp:
@@ -228,9 +312,17 @@ class TrustedRepo:
                 ["update-index", "--add", "-z", "--index-info"],
                 input_bytes=info,
                 index_file=index,
+                timeout=_remaining(deadline),
+                cgroup_procs=self.cgroup_procs,
             )
             tree = (
-                safe_git(self.git_dir, self.work_tree, ["write-tree"], index_file=index)
+                safe_git(
+                    self.git_dir,
+                    self.work_tree,
+                    ["write-tree"],
+                    index_file=index,
+                    cgroup_procs=self.cgroup_procs,
+                )
                 .decode()
                 .strip()
             )
@@ -242,6 +334,19 @@ class TrustedRepo:
         commit = self.git(*args, input_bytes=body).decode().strip()
         self.git("update-ref", "HEAD", commit)
         return commit
+
+    def _check_size(self, rel: bytes, st: os.stat_result, total: int) -> None:
+        name = os.fsdecode(rel)
+        if st.st_size > self.budget.max_file_bytes:
+            raise GitBudgetError(
+                f"{name!r} is {st.st_size} bytes ({st.st_blocks * 512} on disk), over the "
+                f"host-git budget of {self.budget.max_file_bytes} bytes per file"
+            )
+        if total > self.budget.max_total_bytes:
+            raise GitBudgetError(
+                f"the workspace is over the host-git budget of {self.budget.max_total_bytes} "
+                f"bytes (at {name!r})"
+            )
 
     def _head_or_none(self) -> str | None:
         try:
@@ -265,23 +370,144 @@ class TrustedRepo:
         """Write the tree of `commit` into `dest` (a new directory), with no links out of it.
 
         `git archive` produces the tar (no work-tree filters run: the trusted
-        config defines none); extraction uses tarfile's `data` filter, which
-        refuses absolute paths, `..`, links pointing outside and device files.
-        Refused members are skipped, not fatal; their names are returned.
+        config defines none) and it is extracted as it streams, never held
+        whole; extraction uses tarfile's `data` filter, which refuses absolute
+        paths, `..`, links pointing outside and device files. Runs of zeros
+        are written as holes, so a sparse file stays sparse. Refused members
+        are skipped, not fatal; their names are returned. A member or the
+        whole tree over `budget`, or an archive past its wall-clock budget,
+        raises GitBudgetError (what was extracted so far stays in `dest`).
         """
-        data = self.git("archive", "--format=tar", commit)
         dest.mkdir(parents=True, exist_ok=False)
         skipped: list[str] = []
         if not self.git("ls-tree", "--name-only", commit).strip():
             return skipped  # an empty tree archives to no tar stream at all
+        budget = self.budget
+        deadline = time.monotonic() + budget.timeout_s
+        total = 0
 
         def only_safe(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
+            nonlocal total
+            if time.monotonic() > deadline:
+                raise GitBudgetError(f"snapshot of {commit[:12]} over {budget.timeout_s:g}s")
+            total += member.size
+            if member.size > budget.max_file_bytes or total > budget.max_total_bytes:
+                raise GitBudgetError(
+                    f"snapshot member {member.name!r} ({member.size} bytes) is over the "
+                    f"host-git budget ({budget.max_file_bytes} per file, "
+                    f"{budget.max_total_bytes} in all)"
+                )
             try:
                 return tarfile.data_filter(member, path)
             except tarfile.FilterError:
                 skipped.append(member.name)
                 return None
 
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-            tar.extractall(dest, filter=only_safe)
+        with _archive(self, commit) as stream:
+            # A watchdog, not a check between members: one member's data can
+            # take the whole budget to arrive. Killing git ends the stream.
+            timer = threading.Timer(budget.timeout_s, stream.kill)
+            timer.start()
+            try:
+                with _SparseTar.open(fileobj=stream.stdout, mode="r|") as tar:
+                    for member in tar:
+                        tar.extract(member, dest, filter=only_safe)
+            except tarfile.ReadError as exc:
+                if time.monotonic() > deadline:
+                    raise GitBudgetError(
+                        f"snapshot of {commit[:12]} over {budget.timeout_s:g}s"
+                    ) from exc
+                raise GitError(f"git archive {commit[:12]}: unreadable tar: {exc}") from exc
+            finally:
+                timer.cancel()
         return skipped
+
+
+def _remaining(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise GitBudgetError("host git work is over its wall-clock budget")
+    return left
+
+
+class _SparseTar(tarfile.TarFile):
+    """Extraction that writes runs of zeros as holes (a sparse file stays sparse)."""
+
+    def makefile(
+        self,
+        tarinfo: tarfile.TarInfo,
+        targetpath: str | bytes | os.PathLike[str] | os.PathLike[bytes],
+    ) -> None:
+        source = self.fileobj
+        assert source is not None
+        source.seek(tarinfo.offset_data)
+        left = tarinfo.size
+        with open(targetpath, "wb") as target:
+            while left > 0:
+                chunk = source.read(min(_COPY, left))
+                if not chunk:
+                    raise tarfile.ReadError("unexpected end of data")
+                left -= len(chunk)
+                if chunk.count(0) == len(chunk):
+                    target.seek(len(chunk), os.SEEK_CUR)
+                else:
+                    target.write(chunk)
+            target.truncate(tarinfo.size)
+
+
+class _Archive:
+    """A running `git archive`: its stdout, and a kill that ends the stream."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], home: tempfile.TemporaryDirectory[str]):
+        self.proc = proc
+        self._home = home
+        assert proc.stdout is not None
+        self.stdout: IO[bytes] = proc.stdout
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+
+    def __enter__(self) -> _Archive:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.kill()
+            self.stdout.close()
+            stderr = self.proc.stderr.read(4096) if self.proc.stderr is not None else b""
+            code = self.proc.wait()
+            if self.proc.stderr is not None:
+                self.proc.stderr.close()
+        finally:
+            self._home.cleanup()
+        # 125: the join failed and git never ran; that reason beats "unreadable tar".
+        if code == 125 or (exc[0] is None and code not in (0, -signal.SIGKILL)):
+            raise GitError(f"git archive failed: {_exit_reason(code, stderr)}")
+
+
+def _archive(repo: TrustedRepo, commit: str) -> _Archive:
+    """Start `git archive --format=tar COMMIT` with the hardened environment."""
+    git = shutil.which("git")
+    if git is None:
+        raise GitError("git is not installed")
+    home = tempfile.TemporaryDirectory(prefix="corral-git-home-")
+    env = hardened_env(home.name)
+    env["GIT_DIR"] = str(repo.git_dir)
+    env["GIT_WORK_TREE"] = str(repo.work_tree)
+    argv = _joined(
+        [git, *_config_args(), "archive", "--format=tar", commit], env, repo.cgroup_procs
+    )
+    try:
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=str(repo.work_tree),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+    except OSError as exc:
+        home.cleanup()
+        raise GitError(f"cannot start git archive: {exc}") from exc
+    return _Archive(proc, home)

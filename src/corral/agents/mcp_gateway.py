@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from corral.agents.body_limit import BodyLimit
 from corral.agents.mcp_policy import McpPolicy, McpServerConfig, decide_tool_call
 from corral.broker.actions import Identity, McpCall, Observation, ProcessEvent
 from corral.broker.journal import Journal
@@ -56,6 +57,8 @@ if TYPE_CHECKING:
 __all__ = ["McpGateway", "denial_text", "server_argv"]
 
 _ARGS_JOURNALED = 2000
+#: A JSON-RPC request past this is refused with 413 before the app reads it whole.
+MCP_BODY_LIMIT = 4 << 20
 
 
 def server_argv(
@@ -310,9 +313,22 @@ class McpGateway:
                     await stack.enter_async_context(srv.session_manager.run())
                 yield
 
-        return Starlette(
+        app = Starlette(
             routes=[Mount(f"/{name}", app=app) for name, app in apps.items()],
             lifespan=lifespan,
+        )
+        return BodyLimit(app, MCP_BODY_LIMIT, self._body_refused)
+
+    def _body_refused(self, path: str, why: str) -> None:
+        server = path.strip("/").split("/", 1)[0] or "-"
+        self.journal.append(
+            Observation.of(
+                McpCall(server=server, tool="-"),
+                self.identity,
+                decision="deny",
+                rule="body-limit",
+                reason=why,
+            )
         )
 
     def _mcp_server(self, up: _Upstream) -> Any:

@@ -292,6 +292,8 @@ class LimitsConfig(BaseModel):
     idle_timeout_s: float = Field(default=60.0, gt=0)
     header_timeout_s: float = Field(default=10.0, gt=0)
     body_timeout_s: float = Field(default=120.0, gt=0)
+    max_body_bytes: int = Field(default=16 << 20, ge=1024)
+    """A request body past this is refused with 413 (rule `body-limit`)."""
     connect_timeout_s: float = Field(default=10.0, gt=0)
     resolve_timeout_s: float = Field(default=5.0, gt=0)
     upstream_timeout_s: float = Field(default=600.0, gt=0)

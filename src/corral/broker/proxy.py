@@ -33,7 +33,7 @@ import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import h11
 from pydantic import ValidationError
@@ -212,6 +212,20 @@ class _Upstream(Exception):
         super().__init__(message)
         self.started = started
         self.status = status
+
+
+class _BodyLimit(Exception):
+    """The client's request body went past `max_body_bytes` while it was relayed."""
+
+
+BODY_LIMIT_RULE: Final = "body-limit"
+
+
+def _declared_length(request: h11.Request) -> int | None:
+    for name, value in request.headers:
+        if name == b"content-length":
+            return int(value)  # h11 has already checked it is digits
+    return None
 
 
 class _Closed(Exception):
@@ -415,20 +429,23 @@ class _ClientConnection:
 
     # --- answering -------------------------------------------------------
 
-    async def _deny(self, status: int, rule: str, reason: str) -> None:
+    async def _deny(
+        self, status: int, rule: str, reason: str, drain: int = 1 << 20, drain_s: float = 1.0
+    ) -> None:
         with contextlib.suppress(OSError):
             await self.client.sendall(denial_response(status, rule, reason))
-        await self._linger()
+        await self._linger(drain, drain_s)
 
-    async def _linger(self) -> None:
+    async def _linger(self, drain: int = 1 << 20, drain_s: float = 1.0) -> None:
         # Closing a socket with unread input makes the kernel send RST, which
         # can destroy the denial still in flight to the client. Half-close,
-        # then drain what the client still sends, briefly.
+        # then drain what the client still sends, briefly (read and dropped:
+        # time, not memory).
         self.client.shutdown_write()
         with contextlib.suppress(OSError, TimeoutError):
-            async with asyncio.timeout(1.0):
+            async with asyncio.timeout(drain_s):
                 drained = 0
-                while drained < 1 << 20:
+                while drained < drain:
                     data = await self.client.recv(65536)
                     if not data:
                         break
@@ -528,6 +545,9 @@ class _ClientConnection:
         extra["headers"] = request_headers(request, strip_names)
         if route is not None:
             extra["upstream"] = f"{route.scheme}://{format_hostport(route.host, route.port)}"
+        declared = _declared_length(request)
+        if declared is not None and declared > self.limits.max_body_bytes:
+            return await self._refuse_body(action, extra, declared)
         budget = self.state.budgets.get(name) if route is not None else None
         if budget is not None and budget.serialised:
             async with budget.lock:
@@ -544,6 +564,20 @@ class _ClientConnection:
             await self._deny(503, "journal-unavailable", f"journal write failed: {exc}")
             return False
         await self._deny(429, BUDGET_RULE, why)
+        return False
+
+    async def _refuse_body(self, action: Action, extra: dict[str, Any], declared: int) -> bool:
+        limit = self.limits.max_body_bytes
+        why = f"request body of {declared} bytes is over the {limit}-byte limit"
+        try:
+            await self._record(action, Decision("deny", BODY_LIMIT_RULE, why), extra)
+        except Exception as exc:
+            await self._deny(503, "journal-unavailable", f"journal write failed: {exc}")
+            return False
+        # Clients send the whole body before reading the answer: drain what
+        # was declared (bounded) so the 413 is read rather than reset.
+        drain = min(declared, 4 * self.limits.max_body_bytes)
+        await self._deny(413, BODY_LIMIT_RULE, why, drain=drain, drain_s=5.0)
         return False
 
     async def _route_admitted(
@@ -585,6 +619,9 @@ class _ClientConnection:
         if action.query:
             extra["query"] = action.query[:1024]
         extra["headers"] = request_headers(request, frozenset())
+        declared = _declared_length(request)
+        if declared is not None and declared > self.limits.max_body_bytes:
+            return await self._refuse_body(action, extra, declared)
         admitted = await self._admit(action, action.port, extra)
         if admitted is None:
             return False
@@ -674,6 +711,15 @@ class _ClientConnection:
                 if not exc.started:
                     await self._deny(502, decision.rule or "upstream", str(exc))
                 return False
+            except _BodyLimit:
+                # Chunked bodies declare no length: cut off where the count
+                # passes the limit; the upstream sees a request that never ended.
+                self._drop_upstream()
+                why = f"request body is over the {self.limits.max_body_bytes}-byte limit"
+                over: dict[str, Any] = {"error": why, "rule": BODY_LIMIT_RULE}
+                self._outcome(obs_id, counts, started, self._metered(over, budget, meter))
+                await self._deny(413, BODY_LIMIT_RULE, why)
+                return False
             except BaseException as exc:
                 self._drop_upstream()
                 failed = {"error": f"client: {exc!r}"}
@@ -749,6 +795,8 @@ class _ClientConnection:
                 continue
             if isinstance(event, h11.Data):
                 counts[0] += len(event.data)
+                if counts[0] > self.limits.max_body_bytes:
+                    raise _BodyLimit
                 out += cc.send(h11.Data(data=event.data)) or b""
                 if len(out) >= _RECV:
                     await flush_up()

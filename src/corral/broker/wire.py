@@ -228,6 +228,7 @@ _STATUS_TEXT: Final = {
     400: "Bad Request",
     403: "Forbidden",
     408: "Request Timeout",
+    413: "Content Too Large",
     429: "Too Many Requests",
     431: "Request Header Fields Too Large",
     502: "Bad Gateway",

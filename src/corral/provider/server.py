@@ -37,6 +37,8 @@ from typing import Any
 
 from aiohttp import web
 
+from corral import boundedjson
+from corral.boundedjson import DEFAULT_BOUNDS, BodyTooLarge, JsonBounds
 from corral.errors import ProviderError
 from corral.provider.conversation import Request, parse_request
 from corral.provider.engine import Decision, Failure, decide, scripted_position
@@ -131,6 +133,10 @@ class ProviderConfig:
     port: int = 0
     transcript: Path | None = None
     observers: tuple[ExchangeObserver, ...] = ()
+    bounds: JsonBounds = DEFAULT_BOUNDS
+    """What one request body may cost; a larger one is refused with 413 before parsing."""
+    max_parsing: int = 2
+    """Request bodies read and parsed at once; more wait (bounds memory to a multiple)."""
 
 
 def _now() -> str:
@@ -160,6 +166,7 @@ class ProviderServer:
         """Tokens of every reply this provider rendered (input + output, as it reports them)."""
         self.host = config.host
         self.port = config.port
+        self._parsing = asyncio.Semaphore(config.max_parsing)
 
     @property
     def records(self) -> list[ExchangeRecord]:
@@ -174,7 +181,8 @@ class ProviderServer:
         if self.config.transcript is not None:
             self._transcript = JsonlTranscript(self.config.transcript)
             self._observers.append(self._transcript)
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        # aiohttp's own cap is a backstop; _read_body answers over-limit bodies first.
+        app = web.Application(client_max_size=self.config.bounds.max_bytes + 1)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         # In-flight replies (a slow stream) get a moment to finish; stop() must not hang.
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
@@ -254,15 +262,45 @@ class ProviderServer:
     async def _model_request(
         self, request: web.Request, route: Route, family: WireFamily, base: ExchangeRecord
     ) -> web.StreamResponse:
-        raw = await request.read()
-        try:
-            body = json.loads(raw)
-            if not isinstance(body, dict):
-                raise ValueError("the body is not a JSON object")
-        except ValueError as exc:
-            message = f"request body is not a JSON object: {exc}"
-            self._record(replace(base, status=400, kind="bad_request", error=message))
-            return web.json_response(error_body(family, 400, message), status=400)
+        async with self._parsing:
+            try:
+                raw = await self._read_body(request)
+                body = boundedjson.loads(raw, self.config.bounds)
+                if not isinstance(body, dict):
+                    raise ValueError("the body is not a JSON object")
+            except BodyTooLarge as exc:
+                message = f"request body refused: {exc}"
+                self._record(replace(base, status=413, kind="bad_request", error=message))
+                return web.json_response(error_body(family, 413, message), status=413)
+            except ValueError as exc:
+                message = f"request body is not a JSON object: {exc}"
+                self._record(replace(base, status=400, kind="bad_request", error=message))
+                return web.json_response(error_body(family, 400, message), status=400)
+        return await self._model_reply(request, route, family, base, raw=raw, body=body)
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        """The body, read no further than the byte limit (BodyTooLarge past it)."""
+        limit = self.config.bounds.max_bytes
+        declared = request.content_length
+        if declared is not None and declared > limit:
+            raise BodyTooLarge(f"declared body of {declared} bytes is over the {limit}-byte limit")
+        buf = bytearray()
+        while chunk := await request.content.read(65536):
+            buf += chunk
+            if len(buf) > limit:
+                raise BodyTooLarge(f"body is over the {limit}-byte limit")
+        return bytes(buf)
+
+    async def _model_reply(
+        self,
+        request: web.Request,
+        route: Route,
+        family: WireFamily,
+        base: ExchangeRecord,
+        *,
+        raw: bytes,
+        body: dict[str, Any],
+    ) -> web.StreamResponse:
         parsed = parse_request(family, body, model=route.model, stream=route.stream)
         input_tokens = estimate_tokens(raw.decode("utf-8", "replace"))
         if route.endpoint == "count_tokens":

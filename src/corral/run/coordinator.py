@@ -432,6 +432,10 @@ class Coordinator:
         allowed, denied = journal_counts(self.layout.journal, self.run_id)
         self.progress.update(allowed=allowed, denied=denied)
 
+    def _git_cg(self) -> tuple[str, ...]:
+        """Host git on the workspace runs in the run's `helpers` cgroup, charged to the run."""
+        return self._cg.helper_procs() if self._cg is not None else ()
+
     def _strip_setid(self) -> None:
         # Each corral exec clears the bits at its own teardown; a SIGKILLed
         # one does not, so the host clears them again before it commits (M13).
@@ -496,7 +500,7 @@ class Coordinator:
         self._tick()  # the agent's last calls, before the display moves on
         self.progress.update(phase="commit", activity="committing the workspace")
         self._strip_setid()
-        repo = TrustedRepo(self.layout.git_dir, self.layout.workspace)
+        repo = TrustedRepo(self.layout.git_dir, self.layout.workspace, cgroup_procs=self._git_cg())
         sha = repo.commit_all(f"session {n}: {end_reason}")
         store.update_session(n, commit_sha=sha, phase="product")
         store.update_run(last_commit=sha)

@@ -79,6 +79,11 @@ class RunCgroup:
     def attach_helper(self, pid: int) -> None:
         Cgroup(self.layout, f"{self.relpath}/helpers").attach_pid(pid)
 
+    def helper_procs(self) -> tuple[str, ...]:
+        """The `cgroup.procs` files a helper writes itself into (one per hierarchy)."""
+        helpers = Cgroup(self.layout, f"{self.relpath}/helpers")
+        return tuple(dict.fromkeys(os.path.join(d, "cgroup.procs") for d in helpers.dirs.values()))
+
     def peak_memory(self) -> int:
         return self.cgroup.usage().peak_memory_bytes if self.exists() else 0
 
