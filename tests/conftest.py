@@ -107,10 +107,6 @@ PROBES: dict[str, tuple[str, Callable[[], str | None]]] = {
     "requires_kvm": ("/dev/kvm is usable", _kvm),
     "requires_npm": ("npm is installed", _npm),
     "requires_curl": ("curl is installed", _curl),
-    "requires_runsc": (
-        "runsc (gVisor) is installed",
-        lambda: None if shutil.which("runsc") else "no runsc",
-    ),
     "requires_sandbox": ("the full namespace sandbox profile can run", _sandbox),
     "requires_runsc": ("runsc (gVisor) is installed", _runsc),
     "requires_qemu": ("QEMU and the microvm guest kernel are installed", _qemu),
