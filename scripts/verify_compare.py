@@ -13,8 +13,11 @@ import sys
 import time
 from pathlib import Path
 
-MANDATORY = tuple(f"M{i}" for i in range(1, 13))
-USABILITY = tuple(f"U{i}" for i in range(1, 10))
+from corral.verify.model import MANDATORY as _MANDATORY
+from corral.verify.model import USABILITY as _USABILITY
+
+MANDATORY = tuple(_MANDATORY)
+USABILITY = tuple(_USABILITY)
 
 
 def run(backend: str, out: Path) -> dict[str, object]:
@@ -43,8 +46,8 @@ def row(name: str, r: dict[str, object]) -> str:
     umet = [k for k in USABILITY if reqs.get(k) == "met"]
     return (
         f"| {name} | {s['observations']} | {s['allowed']} | {s['denied']} | {s['unexpected']} "
-        f"| {len(met)}/12 ({' '.join(met) or '-'}) | {' '.join(failed) or '-'} "
-        f"| {len(umet)}/9 | {r['_wall_s']} s |"
+        f"| {len(met)}/{len(MANDATORY)} ({' '.join(met) or '-'}) | {' '.join(failed) or '-'} "
+        f"| {len(umet)}/{len(USABILITY)} | {r['_wall_s']} s |"
     )
 
 
