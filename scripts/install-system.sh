@@ -2,7 +2,7 @@
 # Installs the Debian packages corral needs when they are missing (needs root or sudo).
 set -euo pipefail
 # ripgrep and socat: `corral verify --backend srt` (sandbox-runtime needs both)
-pkgs=(bubblewrap libseccomp2 python3 curl git gcc make socat ripgrep iproute2 util-linux openssl)
+pkgs=(bubblewrap libseccomp2 python3 curl git gcc make socat ripgrep iproute2 util-linux openssl e2fsprogs)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
