@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 from corral.errors import RunDiskError
@@ -109,8 +111,27 @@ class RunDisk:
             "mkfs.ext4",
         )
 
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Serialise mount decisions on this image between processes (status, resume, sweep)."""
+        self.image.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(
+            self.runs_dir / DISKS_DIR / f"{self.rid}.lock",
+            os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+            0o600,
+        )
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
     def mount(self) -> None:
         """Mount the image on the run directory (created 0700 if missing)."""
+        with self.locked():
+            self._mount()
+
+    def _mount(self) -> None:
         if is_mounted(self.target):
             raise RunDiskError(errno.EBUSY, f"{self.target} is already mounted")
         self.target.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -135,6 +156,10 @@ class RunDisk:
         detached lazily: gone from the mount table now, the loop device freed
         by the kernel when the last user lets go.
         """
+        with self.locked():
+            self._unmount()
+
+    def _unmount(self) -> None:
         if is_mounted(self.target):
             try:
                 _run(["umount", str(self.target)], f"umount {self.target}")
@@ -146,8 +171,9 @@ class RunDisk:
     def remove(self) -> None:
         """Unmount and delete the image (the run's data with it)."""
         self.unmount()
-        with contextlib.suppress(FileNotFoundError):
-            self.image.unlink()
+        for leftover in (self.image, self.runs_dir / DISKS_DIR / f"{self.rid}.lock"):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
 
 
 def _owner_pid(path: Path) -> int | None:
@@ -175,12 +201,13 @@ def ensure_mounted(run_root: Path) -> None:
     disk = RunDisk(root.parent, root.name)
     if not disk.image.is_file():
         return
-    if not is_mounted(disk.target):
-        disk.mount()
-        return
-    pid = _owner_pid(disk.owner)
-    if pid is None or not pid_alive(pid):
-        disk._write_owner()
+    with disk.locked():
+        if not is_mounted(disk.target):
+            disk._mount()
+            return
+        pid = _owner_pid(disk.owner)
+        if pid is None or not pid_alive(pid):
+            disk._write_owner()
 
 
 def sweep_stale(runs_dir: Path) -> list[str]:
@@ -194,6 +221,11 @@ def sweep_stale(runs_dir: Path) -> list[str]:
         if pid is not None and pid != os.getpid() and pid_alive(pid):
             continue
         disk = RunDisk(runs_dir, owner.name.removesuffix(".owner"))
-        disk.unmount()
+        with disk.locked():
+            # Re-read under the lock: a `corral status` may have adopted it.
+            pid = _owner_pid(owner)
+            if pid is not None and pid != os.getpid() and pid_alive(pid):
+                continue
+            disk._unmount()
         swept.append(disk.rid)
     return swept

@@ -4,6 +4,8 @@ gets ENOSPC there and the host filesystem pays at most the quota."""
 from __future__ import annotations
 
 import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,13 +20,28 @@ MIB = 1 << 20
 QUOTA = 64 * MIB
 
 
+@pytest.fixture
+def host_fs(tmp_path: Path) -> Iterator[Path]:
+    """A filesystem of our own standing in for the host's: statvfs then sees
+    only this test's writes, not those of whatever else the host runs."""
+    fs = tmp_path / "fs"
+    fs.mkdir()
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=768m,mode=0700", "tmpfs", str(fs)], check=True
+    )
+    try:
+        yield fs
+    finally:
+        subprocess.run(["umount", "-l", str(fs)], check=False)
+
+
 def _free(path: Path) -> int:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
 
 
 def test_disk_filling_agent_is_stopped_by_the_quota_and_the_run_is_found_remounted(
-    tmp_path: Path,
+    tmp_path: Path, host_fs: Path
 ) -> None:
     mission = write_mission(tmp_path / "m")
     text = mission.read_text().replace('run_memory = "1G"', 'run_memory = "1G"\nrun_disk = "64M"')
@@ -36,9 +53,9 @@ def test_disk_filling_agent_is_stopped_by_the_quota_and_the_run_is_found_remount
             "head -c 300M /dev/zero > big; echo rc=$? > stage1; ls -la >> stage1",
         )
     )
-    runs = tmp_path / "runs"
+    runs = host_fs / "runs"
     rid = new_id()
-    before = _free(tmp_path)
+    before = _free(host_fs)
     proc = corral(
         "run", str(mission), "--plain", "--id", rid, "--runs-dir", str(runs), cwd=tmp_path
     )
@@ -50,7 +67,7 @@ def test_disk_filling_agent_is_stopped_by_the_quota_and_the_run_is_found_remount
     run_dir = runs / rid
     try:
         # Host side: the filesystem holding the image paid at most the quota.
-        assert before - _free(tmp_path) <= QUOTA + 8 * MIB
+        assert before - _free(host_fs) <= QUOTA + 8 * MIB
         big = run_dir / "workspace" / "big"
         assert big.stat().st_size < QUOTA
         # The coordinator is gone: its mount is stale, the next start sweeps it.

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,21 @@ MIB = 1 << 20
 QUOTA = 32 * MIB
 
 
+@pytest.fixture
+def host_fs(tmp_path: Path) -> Iterator[Path]:
+    """A filesystem of our own standing in for the host's: statvfs then sees
+    only this test's writes, not those of whatever else the host runs."""
+    fs = tmp_path / "fs"
+    fs.mkdir()
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=768m,mode=0700", "tmpfs", str(fs)], check=True
+    )
+    try:
+        yield fs
+    finally:
+        subprocess.run(["umount", "-l", str(fs)], check=False)
+
+
 def _free(path: Path) -> int:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
@@ -36,14 +52,14 @@ def _loops_backing(image: Path) -> str:
 
 
 def test_filling_the_run_dir_hits_enospc_and_the_host_pays_at_most_the_quota(
-    tmp_path: Path,
+    host_fs: Path,
 ) -> None:
-    disk = RunDisk(tmp_path, "r1")
+    disk = RunDisk(host_fs, "r1")
     disk.create(QUOTA)
     try:
         disk.mount()
         assert is_mounted(disk.target)
-        before = _free(tmp_path)
+        before = _free(host_fs)
         written = 0
         with pytest.raises(OSError) as info, open(disk.target / "fill", "wb") as fh:
             for _ in range(4 * QUOTA // MIB):
@@ -53,7 +69,7 @@ def test_filling_the_run_dir_hits_enospc_and_the_host_pays_at_most_the_quota(
                 written += MIB
         assert info.value.errno == errno.ENOSPC
         assert written < QUOTA
-        assert before - _free(tmp_path) <= QUOTA
+        assert before - _free(host_fs) <= QUOTA
     finally:
         disk.remove()
     assert not is_mounted(disk.target)
