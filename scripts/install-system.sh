@@ -2,7 +2,7 @@
 # Installs the Debian packages corral needs when they are missing (needs root or sudo).
 set -euo pipefail
 # ripgrep and socat: `corral verify --backend srt` (sandbox-runtime needs both)
-pkgs=(bubblewrap libseccomp2 python3 curl git gcc make socat ripgrep iproute2 util-linux openssl runsc)
+pkgs=(bubblewrap libseccomp2 python3 curl git gcc make socat ripgrep iproute2 util-linux openssl runsc e2fsprogs)
 # qemu-system-x86 and busybox-static: `--backend microvm` (its guest kernel: install-microvm-kernel.sh)
 pkgs+=(qemu-system-x86 busybox-static)
 # python3-venv: `make install` builds .venv (a stock Debian 12 lacks it); npm: the agent CLIs.

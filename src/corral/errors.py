@@ -11,7 +11,8 @@ CorralError
 ├── JournalError(CorralError, OSError)         the journal cannot be written/read
 ├── PolicyError(CorralError, ValueError)       a policy is malformed (always denies)
 ├── ProviderError(CorralError, RuntimeError)   synthetic provider / scenario failures
-└── AgentError(CorralError, RuntimeError)      an agent CLI adapter failed
+├── AgentError(CorralError, RuntimeError)      an agent CLI adapter failed
+└── RunDiskError(CorralError, OSError)         a run's quota'd disk image failed
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ __all__ = [
     "LayerUnavailableError",
     "PolicyError",
     "ProviderError",
+    "RunDiskError",
     "SandboxStartError",
     "UsageError",
 ]
@@ -87,3 +89,7 @@ class ProviderError(CorralError, RuntimeError):
 
 class AgentError(CorralError, RuntimeError):
     """An agent CLI adapter failed."""
+
+
+class RunDiskError(CorralError, OSError):
+    """A run's disk image could not be made, mounted or unmounted."""

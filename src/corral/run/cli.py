@@ -70,17 +70,22 @@ def register(app: typer.Typer) -> None:
         plain: Annotated[bool, typer.Option("--plain", help="plain progress lines")] = False,
     ) -> None:
         """Drive an agent through sessions until the mission's checks pass."""
-        from corral.errors import AgentError, ConfigError, UsageError
+        from corral.errors import AgentError, ConfigError, RunDiskError, UsageError
         from corral.run.coordinator import create_run
         from corral.run.mission import load_mission
+        from corral.run.rundisk import sweep_stale
 
         if run_id is not None and (not run_id[:1].isalpha() or "/" in run_id):
             raise _fail("run", f"a run id starts with a letter and has no '/': {run_id!r}", 2)
         try:
+            sweep_stale(runs_dir)
             m = load_mission(mission)
             if provider == "synthetic":
                 provider = m.settings.provider if m.provider.kind == "synthetic" else None
             layout = create_run(m, runs_dir, agent=agent, provider=provider, run_id=run_id)
+        except RunDiskError as exc:
+            # The run's disk quota could not be set up: refused, like a missing layer.
+            raise _fail("run", f"refused: {exc}", 125) from exc
         except (ConfigError, UsageError, AgentError, FileExistsError) as exc:
             raise _fail("run", str(exc), 2) from exc
         typer.echo(f"corral run: run {layout.run_id} in {layout.root}")
@@ -93,13 +98,17 @@ def register(app: typer.Typer) -> None:
         plain: Annotated[bool, typer.Option("--plain", help="plain progress lines")] = False,
     ) -> None:
         """Continue a run after a stop, a crash or a reboot."""
-        from corral.errors import UsageError
+        from corral.errors import RunDiskError, UsageError
         from corral.run.control import find_run
+        from corral.run.rundisk import sweep_stale
 
         try:
+            sweep_stale(runs_dir)
             layout = find_run(run_ref, runs_dir)
         except UsageError as exc:
             raise _fail("resume", str(exc), 2) from exc
+        except RunDiskError as exc:
+            raise _fail("resume", f"refused: {exc}", 125) from exc
         _drive("resume", layout.root, plain)
 
     @app.command("stop")

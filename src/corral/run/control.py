@@ -20,6 +20,7 @@ from typing import Any
 from corral.errors import UsageError
 from corral.run.environments import RunLayout
 from corral.run.runcg import RunCgroup
+from corral.run.rundisk import ensure_mounted
 from corral.run.store import TERMINAL_RUN_STATES, RunLock, RunRecord, SessionRecord, Store
 
 __all__ = ["RunStatus", "find_run", "list_runs", "run_status", "stop_run"]
@@ -30,13 +31,20 @@ DEFAULT_RUNS_DIR = Path(".corral/runs")
 def find_run(ref: str, runs_dir: Path = DEFAULT_RUNS_DIR) -> RunLayout:
     """A run by id (under `runs_dir`), unique id prefix, or path to its directory."""
     p = Path(ref)
+    if p.is_dir():
+        ensure_mounted(p)
     if (p / "state.sqlite").is_file():
         return RunLayout(p.absolute())
     direct = runs_dir / ref
+    if direct.is_dir():
+        ensure_mounted(direct)
     if (direct / "state.sqlite").is_file():
         return RunLayout(direct.absolute())
     if runs_dir.is_dir() and "/" not in ref:
         matches = [d for d in runs_dir.iterdir() if d.name.startswith(ref)]
+        for d in matches:
+            if d.is_dir():
+                ensure_mounted(d)
         matches = [d for d in matches if (d / "state.sqlite").is_file()]
         if len(matches) == 1:
             return RunLayout(matches[0].absolute())
@@ -48,6 +56,9 @@ def find_run(ref: str, runs_dir: Path = DEFAULT_RUNS_DIR) -> RunLayout:
 def list_runs(runs_dir: Path = DEFAULT_RUNS_DIR) -> list[RunLayout]:
     if not runs_dir.is_dir():
         return []
+    for d in runs_dir.iterdir():
+        if d.is_dir():
+            ensure_mounted(d)
     dirs = [d for d in runs_dir.iterdir() if (d / "state.sqlite").is_file()]
     return [RunLayout(d.absolute()) for d in sorted(dirs, key=lambda d: d.stat().st_mtime)]
 

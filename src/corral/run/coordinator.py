@@ -60,6 +60,7 @@ from corral.run.progress import Progress
 from corral.run.prompt import build_prompt
 from corral.run.report import render_report
 from corral.run.runcg import RunCgroup
+from corral.run.rundisk import create_run_disk
 from corral.run.session import SessionHooks, SessionPlan, run_session
 from corral.run.session import read_tail as _read_tail
 from corral.run.store import CheckResult, RunLock, SessionRecord, Store
@@ -139,6 +140,8 @@ def create_run(
     layout = RunLayout(runs_dir.absolute() / rid)
     # 0700: a run's workspace, journal and reports are its user's alone.
     layout.root.mkdir(mode=0o700, parents=True, exist_ok=False)
+    if mission.settings.limits.run_disk is not None:
+        create_run_disk(runs_dir, rid, mission.settings.limits.run_disk)
     layout.mission.write_text(mission.text, encoding="utf-8")
     if ref.kind == "synthetic":
         assert ref.scenario is not None

@@ -129,6 +129,9 @@ class Limits(BaseModel):
     model_config = _FROZEN
 
     run_memory: int = Field(default=4 << 30, description="run-wide memory cap (bytes)")
+    run_disk: int | None = Field(
+        default=None, description="run directory on an ext4 image of this size (bytes); off"
+    )
     agent: EnvLimits = EnvLimits(memory=2 << 30, cpus=None, pids=1024)
     product: EnvLimits = EnvLimits(memory=512 << 20, cpus=None, pids=256)
     verifier: EnvLimits = EnvLimits(memory=1 << 30, cpus=None, pids=512)
@@ -137,6 +140,11 @@ class Limits(BaseModel):
     @classmethod
     def _mem(cls, value: object) -> object:
         return _size(value)
+
+    @field_validator("run_disk", mode="before")
+    @classmethod
+    def _disk(cls, value: object) -> object:
+        return None if value is None else _size(value)
 
     @model_validator(mode="after")
     def _fits(self) -> Limits:

@@ -133,12 +133,20 @@ def build_argv(plan: BwrapPlan) -> list[str]:
         else:
             argv += ["--symlink", target, f"/{name}"]
     argv += ["--proc", "/proc", "--dev", "/dev"]
+    disk = spec.limits.disk_bytes
+    # `--size` applies to the next --tmpfs only. Without --disk the areas are
+    # bounded by the memory cap alone (tmpfs pages are charged to the cgroup).
+    size = [] if disk is None else ["--size", str(disk)]
+    if disk is not None:
+        # bwrap's /dev/shm is a directory in the unbounded /dev tmpfs.
+        argv += [*size, "--perms", "01777", "--tmpfs", "/dev/shm"]
     # tmpfs directories come before user binds so that a workspace below
     # /tmp or /home is mounted on top of the fresh tmpfs, not hidden by it.
-    argv += ["--tmpfs", "/tmp", "--tmpfs", "/home", "--tmpfs", "/var", "--dir", "/var/tmp"]
+    argv += [*size, "--tmpfs", "/tmp", *size, "--tmpfs", "/home"]
+    argv += [*size, "--tmpfs", "/var", "--dir", "/var/tmp"]
     argv += ["--tmpfs", "/run", "--dir", INIT_DIR]
     if not spec.home.startswith("/home/"):
-        argv += ["--tmpfs", spec.home]
+        argv += [*size, "--tmpfs", spec.home]
     else:
         argv += ["--dir", spec.home]
     for entry in plan.etc_entries:

@@ -35,6 +35,7 @@ __all__ = [
     "detect_layout",
     "parse_flat_keyed",
     "pid_alive",
+    "socket_share",
     "sweep_stale",
 ]
 
@@ -146,6 +147,22 @@ def _require_no_swap(missing: str) -> None:
         )
 
 
+#: Largest socket-buffer share of a v1 memory cap (see `socket_share`).
+SOCKET_SHARE_MAX = 64 << 20
+
+
+def socket_share(memory_bytes: int) -> int:
+    """How much of a v1 memory cap goes to socket buffers (`memory.kmem.tcp`).
+
+    v1 keeps socket buffers in a counter of their own, beside the user
+    counter, and charges them at all only once `memory.kmem.tcp.limit_in_bytes`
+    was written; so the cap is split: an eighth (at most 64 MiB) for socket
+    buffers, the rest for everything else, and the two together stay within
+    the cap (plus the kernel's per-socket forced charge, docs/resources.md).
+    """
+    return min(memory_bytes // 8, SOCKET_SHARE_MAX)
+
+
 def _enable_v2_controllers(directory: str) -> None:
     wanted = ("memory", "pids", "cpu")
     have = _read(os.path.join(directory, "cgroup.subtree_control")).split()
@@ -230,14 +247,29 @@ class Cgroup:
             return
         if limits.memory_bytes is not None:
             d = self.dirs["memory"]
-            _write(os.path.join(d, "memory.limit_in_bytes"), str(limits.memory_bytes))
+            sock = socket_share(limits.memory_bytes)
+            user = limits.memory_bytes - sock
+            _write(os.path.join(d, "memory.limit_in_bytes"), str(user))
             memsw = os.path.join(d, "memory.memsw.limit_in_bytes")
             # memsw must be set after the memory limit (it may not be lower);
             # equal values mean the sandbox gets no swap at all.
             if os.path.exists(memsw):
-                _write(memsw, str(limits.memory_bytes))
+                _write(memsw, str(user))
             else:
                 _require_no_swap("memory.memsw.limit_in_bytes")
+            # Without this write v1 does not charge socket buffers anywhere: a
+            # sandbox could queue hundreds of MiB in loopback TCP under a 64 MiB
+            # cap. (kmem.limit_in_bytes is a no-op since 5.16; slab is charged
+            # to the user counter regardless, so it needs no write.)
+            tcp = os.path.join(d, "memory.kmem.tcp.limit_in_bytes")
+            if not os.path.exists(tcp):
+                raise CgroupError(
+                    errno.EOPNOTSUPP,
+                    "the memory limit cannot include socket buffers: "
+                    "memory.kmem.tcp.limit_in_bytes is missing (kernel booted with "
+                    "cgroup.memory=nosocket or nokmem?)",
+                )
+            _write(tcp, str(sock))
         if limits.pids is not None:
             _write(os.path.join(self.dirs["pids"], "pids.max"), str(limits.pids))
         if limits.cpus is not None:
@@ -295,6 +327,10 @@ class Cgroup:
                 peak = int(_read(os.path.join(d, "memory.max_usage_in_bytes")).strip())
                 with contextlib.suppress(OSError):
                     peak = max(peak, int(_read(memsw).strip()))
+                # v1 counts socket buffers apart: the sum of both peaks bounds
+                # what the sandbox held at once (it may overstate, never under).
+                with contextlib.suppress(OSError):
+                    peak += int(_read(os.path.join(d, "memory.kmem.tcp.max_usage_in_bytes")))
                 oom = parse_flat_keyed(_read(os.path.join(d, "memory.oom_control"))).get(
                     "oom_kill", 0
                 )
@@ -313,6 +349,23 @@ class Cgroup:
             else:
                 cpu_s = int(_read(os.path.join(self.dirs["cpuacct"], "cpuacct.usage"))) / 1e9
         return CgroupUsage(peak, cpu_s, oom, pids_hits, mem_hits)
+
+    def socket_bytes(self) -> int:
+        """Socket-buffer bytes the kernel charges to this cgroup right now.
+
+        v2 charges them to `memory.current` and shows them as `sock` in
+        `memory.stat`; v1 in the separate `memory.kmem.tcp` counter.
+        """
+        try:
+            if self.layout.kind == "v2":
+                stat = parse_flat_keyed(_read(os.path.join(self.dirs["unified"], "memory.stat")))
+                return stat.get("sock", 0)
+            return int(_read(os.path.join(self.dirs["memory"], "memory.kmem.tcp.usage_in_bytes")))
+        except (OSError, ValueError) as exc:
+            raise CgroupError(
+                getattr(exc, "errno", None) or errno.EIO,
+                f"cgroup {self.relpath}: cannot read socket memory",
+            ) from exc
 
     # -- freezing ---------------------------------------------------------
     def freeze(self, timeout_s: float = 5.0) -> None:

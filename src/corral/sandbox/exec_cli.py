@@ -70,6 +70,7 @@ def _parser() -> _Parser:
         "--env", dest="env_kind", default="exec", choices=["exec", "agent", "product", "verifier"]
     )
     p.add_argument("--memory", default=None, help="memory limit incl. swap, e.g. 512M")
+    p.add_argument("--disk", default=None, help="size of each writable scratch tmpfs, e.g. 256M")
     p.add_argument("--cpus", default=None, help="CPU quota, e.g. 0.5")
     p.add_argument("--pids", default=None, help="max processes+threads")
     p.add_argument("--timeout", default=None, help="wall-clock limit, e.g. 600 or 10m")
@@ -246,6 +247,7 @@ def build_spec(ns: argparse.Namespace, cmd: list[str], caller_env: dict[str, str
         pids=_parse_pids(ns.pids) if ns.pids is not None else None,
         cpus=parse_cpus(ns.cpus) if ns.cpus is not None else None,
         timeout_s=parse_duration(ns.timeout) if ns.timeout is not None else None,
+        disk_bytes=parse_size(ns.disk) if ns.disk is not None else None,
     )
     spec_home = "/home/corral"
     extra = _setenv(ns.setenv)

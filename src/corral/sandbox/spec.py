@@ -53,6 +53,8 @@ class Limits:
     pids: int | None = None
     cpus: float | None = None
     timeout_s: float | None = None
+    #: Size of each writable tmpfs scratch area (/tmp, /var/tmp, home, /dev/shm).
+    disk_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,7 @@ from corral.verify.backends import (
     with_fault,
 )
 from corral.verify.canaries import CanarySet, kill_victim, plant_canaries, spawn_kill_victim
+from corral.verify.hostcounters import host_sock_mem_bytes
 from corral.verify.missions import (
     PROBE_OUT,
     changed_files,
@@ -992,6 +993,7 @@ class _Suite:
         sampler = _Sampler(marker) if p.sample else None
         io = _Proc()
         started = time.monotonic()
+        sock_before = host_sock_mem_bytes()
         proc = subprocess.Popen(
             argv,
             cwd=workspace,
@@ -1012,10 +1014,12 @@ class _Suite:
             sampler.start()
         harness_timeout = False
         inspected: list[dict[str, str]] = []
+        sock_grown = 0
         neighbour_status: list[dict[str, str]] = []
         broker_kill: str | None = None
         if p.during is not None and io.ready.wait(15):
             if p.during == "inspect":
+                sock_grown = host_sock_mem_bytes() - sock_before
                 inspected = _host_status(marker)
                 if neighbour is not None:
                     neighbour_status = _host_status(neighbour)
@@ -1054,6 +1058,7 @@ class _Suite:
         )
         if p.during == "inspect":
             facts["host_status"] = inspected
+            facts["host_sock_grown_bytes"] = sock_grown
         if neighbour is not None:
             facts["neighbour_status"] = neighbour_status
         if p.during == "kill-broker":

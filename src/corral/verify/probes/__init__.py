@@ -6,6 +6,7 @@ from corral.verify.model import Probe
 from corral.verify.probes import (
     audit,
     files,
+    footprint,
     host_executed,
     host_integrity,
     hostile_files,
@@ -45,6 +46,7 @@ def all_probes() -> list[Probe]:
         *hostile_files.PROBES,
         *session_record.PROBES,
         *unix_sockets.PROBES,
+        *footprint.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:

@@ -1,0 +1,85 @@
+"""issue 10: `run_disk` puts a run's directory on an ext4 image; a disk-filling agent
+gets ENOSPC there and the host filesystem pays at most the quota."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from corral.run.rundisk import is_mounted, sweep_stale
+from corral.run.store import Store
+from tests.integration.run.helpers import corral, new_id, write_mission
+
+pytestmark = [pytest.mark.requires_sandbox, pytest.mark.requires_root, pytest.mark.timeout(90)]
+
+MIB = 1 << 20
+QUOTA = 64 * MIB
+
+
+@pytest.fixture
+def host_fs(tmp_path: Path) -> Iterator[Path]:
+    """A filesystem of our own standing in for the host's: statvfs then sees
+    only this test's writes, not those of whatever else the host runs."""
+    fs = tmp_path / "fs"
+    fs.mkdir()
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=768m,mode=0700", "tmpfs", str(fs)], check=True
+    )
+    try:
+        yield fs
+    finally:
+        subprocess.run(["umount", "-l", str(fs)], check=False)
+
+
+def _free(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def test_disk_filling_agent_is_stopped_by_the_quota_and_the_run_is_found_remounted(
+    tmp_path: Path, host_fs: Path
+) -> None:
+    mission = write_mission(tmp_path / "m")
+    text = mission.read_text().replace('run_memory = "1G"', 'run_memory = "1G"\nrun_disk = "64M"')
+    mission.write_text(text)
+    scenario = tmp_path / "m" / "scenario.yaml"
+    scenario.write_text(
+        scenario.read_text().replace(
+            "sleep 0; echo one > stage1",
+            "head -c 300M /dev/zero > big; echo rc=$? > stage1; ls -la >> stage1",
+        )
+    )
+    runs = host_fs / "runs"
+    rid = new_id()
+    before = _free(host_fs)
+    proc = corral(
+        "run", str(mission), "--plain", "--id", rid, "--runs-dir", str(runs), cwd=tmp_path
+    )
+    # The agent and corral's own state share the quota: when the agent fills
+    # it, the run ends on the failed journal write (docs/resources.md).
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    if proc.returncode == 1:
+        assert "disk is full" in proc.stderr, proc.stderr
+    run_dir = runs / rid
+    try:
+        # Host side: the filesystem holding the image paid at most the quota.
+        assert before - _free(host_fs) <= QUOTA + 8 * MIB
+        big = run_dir / "workspace" / "big"
+        assert big.stat().st_size < QUOTA
+        # The coordinator is gone: its mount is stale, the next start sweeps it.
+        assert is_mounted(run_dir)
+        assert sweep_stale(runs) == [rid]
+        assert not is_mounted(run_dir) and not (run_dir / "state.sqlite").exists()
+        # `corral status` / `resume` find the run again on its image.
+        st = corral("status", rid, "--runs-dir", str(runs), cwd=tmp_path)
+        assert st.returncode == 0, st.stdout + st.stderr
+        assert is_mounted(run_dir)
+        with Store(run_dir / "state.sqlite", readonly=True) as store:
+            assert store.run().id == rid
+    finally:
+        sweep_stale(runs)
+    assert not is_mounted(run_dir)
