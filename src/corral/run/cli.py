@@ -1,4 +1,4 @@
-"""`corral run`, `corral status`, `corral resume`, `corral stop` (the journal: `corral log`).
+"""`corral run`, `status`, `pause`, `resume`, `stop` (the journal: `corral log`).
 
 Exit status of `run`/`resume`: 0 when every check passed, 1 when the run ended
 otherwise (exhausted, stopped, failed), 2 for bad input (a rejected mission
@@ -92,15 +92,44 @@ def register(app: typer.Typer) -> None:
         runs_dir: Annotated[Path, _RUNS_DIR] = Path(".corral/runs"),
         plain: Annotated[bool, typer.Option("--plain", help="plain progress lines")] = False,
     ) -> None:
-        """Continue a run after a stop, a crash or a reboot."""
-        from corral.errors import UsageError
+        """Thaw a paused run, or continue one after a stop, a crash or a reboot."""
+        from corral.errors import CorralError, UsageError
         from corral.run.control import find_run
+        from corral.run.pause import thaw_run
+        from corral.run.store import RunLock
 
         try:
             layout = find_run(run_ref, runs_dir)
+            driven = RunLock.is_held(layout.root)
+            thawed = thaw_run(layout)
         except UsageError as exc:
             raise _fail("resume", str(exc), 2) from exc
+        except CorralError as exc:
+            raise _fail("resume", str(exc), 1) from exc
+        if thawed and driven:
+            typer.echo(f"corral resume: run {layout.run_id} resumed")
+            raise typer.Exit(0)
         _drive("resume", layout.root, plain)
+
+    @app.command("pause")
+    def pause(
+        run_ref: Annotated[str, typer.Argument(metavar="RUN", help="run id or directory")],
+        runs_dir: Annotated[Path, _RUNS_DIR] = Path(".corral/runs"),
+    ) -> None:
+        """Freeze every process of a run where it is; `corral resume` thaws it."""
+        from corral.errors import CorralError, UsageError
+        from corral.run.control import find_run
+        from corral.run.pause import pause_run
+
+        try:
+            layout = find_run(run_ref, runs_dir)
+            fresh = pause_run(layout)
+        except UsageError as exc:
+            raise _fail("pause", str(exc), 2) from exc
+        except CorralError as exc:
+            raise _fail("pause", str(exc), 1) from exc
+        what = "paused" if fresh else "already paused"
+        typer.echo(f"corral pause: run {layout.run_id} {what}")
 
     @app.command("stop")
     def stop(

@@ -64,6 +64,8 @@ class RunStatus:
     def display_state(self) -> str:
         if self.run.state == "running" and not self.active:
             return "interrupted (resume it)"
+        if self.run.state == "paused" and not self.active:
+            return "paused, coordinator gone (resume it)"
         return self.run.state
 
     def to_json_dict(self) -> dict[str, Any]:
@@ -102,6 +104,19 @@ def _wait_unlocked(layout: RunLayout, timeout_s: float) -> bool:
     return not RunLock.is_held(layout.root)
 
 
+def _unpause_killed(layout: RunLayout) -> None:
+    # A frozen process acts on SIGKILL only once thawed, so the coordinator,
+    # told to stop, would wait on its paused sandboxes: they are killed
+    # while frozen (nothing of them runs again) and then thawed.
+    with Store(layout.state) as store:
+        if not store.paused():
+            return
+        cg = RunCgroup.detect(layout.run_id)
+        if cg is not None and cg.exists():
+            cg.kill_and_thaw()
+        store.end_pause()
+
+
 def stop_run(layout: RunLayout, timeout_s: float = 20.0) -> str:
     """Stop a run; returns its state afterwards. Everything of the run is killed."""
     with Store(layout.state) as store:
@@ -113,6 +128,7 @@ def stop_run(layout: RunLayout, timeout_s: float = 20.0) -> str:
     if RunLock.is_held(layout.root) and pid:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
+        _unpause_killed(layout)
         if not _wait_unlocked(layout, timeout_s):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -120,6 +136,7 @@ def stop_run(layout: RunLayout, timeout_s: float = 20.0) -> str:
     lock = RunLock(layout.root)
     lock.acquire(wait_s=3.0)
     try:
+        _unpause_killed(layout)
         cg = RunCgroup.detect(layout.run_id)
         killed = cg.sweep() if cg is not None else 0
         with Store(layout.state) as store:

@@ -348,6 +348,12 @@ class Coordinator:
             if budget is not None and tokens >= budget:
                 return self._finish(store, "exhausted", f"token budget spent ({tokens}/{budget})")
             n = (sessions[-1].n if sessions else 0) + 1
+            # A paused run starts nothing new: a sandbox started now would
+            # be frozen at birth and its start-up timeouts would fire.
+            while store.paused() and not self._stopping():
+                time.sleep(0.1)
+            if self._stopping():
+                return self._finish(store, "stopped", "stopped by the user")
             try:
                 passed = self._session_loop(store, n)
             except _Stop:
@@ -579,6 +585,7 @@ class Coordinator:
             tick=self._tick,
             on_broker=on_broker,
             unix_observer=self._unix_observer,
+            paused_s=store.paused_s,
         )
         outcome = run_session(plan, journal=self._journal, hooks=hooks)
         self._agent_reported = outcome.agent_reported_tokens

@@ -1,0 +1,161 @@
+"""`corral pause` / `corral resume` / `corral stop` on a live run, judged by host counters.
+
+The agent of session 1 writes a counter to a heartbeat file in the workspace
+every 50 ms; a paused run must leave that file and the run cgroup's CPU time
+exactly where they were, whatever the interval.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from corral.run.store import RunLock, Store
+from tests.integration.run.helpers import (
+    alive,
+    corral,
+    in_phase,
+    new_id,
+    run_cgroup,
+    sessions,
+    start_corral,
+    wait_for,
+    write_mission,
+)
+
+pytestmark = [pytest.mark.requires_sandbox, pytest.mark.timeout(90)]
+
+# Session 1: 60 beats, then the file session 2's checks need is not there yet.
+_BEATS = (
+    "i=0; while [ $i -lt BEATS ]; do i=$((i+1)); echo $i > hb; sleep 0.05; done; echo one > stage1"
+)
+
+
+def _mission(tmp_path: Path, beats: int) -> Path:
+    mission = write_mission(tmp_path / "m")
+    scen = tmp_path / "m" / "scenario.yaml"
+    text = scen.read_text().replace(
+        "sleep 0; echo one > stage1", _BEATS.replace("BEATS", str(beats))
+    )
+    scen.write_text(text)
+    return mission
+
+
+def _start(tmp_path: Path, beats: int) -> tuple[str, Path, subprocess.Popen[bytes]]:
+    rid = new_id()
+    proc = start_corral(
+        "run", str(_mission(tmp_path, beats)), "--plain", "--id", rid,
+        "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path,
+    )  # fmt: skip
+    return rid, tmp_path / "runs" / rid, proc
+
+
+def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return corral(*args, "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+
+
+def _beat(run_dir: Path) -> int:
+    try:
+        return int((run_dir / "workspace" / "hb").read_text().strip() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def _pause_when_beating(tmp_path: Path, rid: str, run_dir: Path) -> None:
+    wait_for(lambda: in_phase(run_dir, 1, "agent"), 40, "session 1 agent")
+    wait_for(lambda: _beat(run_dir) >= 2, 40, "the heartbeat")
+    result = _cli(tmp_path, "pause", rid)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "paused" in result.stdout
+    # Durable before acknowledged: the state is already on disk.
+    with Store(run_dir / "state.sqlite", readonly=True) as s:
+        assert s.run().state == "paused" and s.paused()
+
+
+def _assert_no_progress(rid: str, run_dir: Path) -> None:
+    cg = run_cgroup(rid)
+    cpu0, beat0 = cg.cgroup.usage().cpu_s, _beat(run_dir)
+    # Long enough for 20 beats of a running agent; the verdict is the counters.
+    time.sleep(1.0)
+    assert cg.cgroup.usage().cpu_s == cpu0, "the run used CPU while paused"
+    assert _beat(run_dir) == beat0 < 40, "the heartbeat moved while paused"
+
+
+def test_a_paused_run_makes_no_progress_and_completes_after_resume(tmp_path: Path) -> None:
+    rid, run_dir, proc = _start(tmp_path, beats=40)
+    try:
+        _pause_when_beating(tmp_path, rid, run_dir)
+        _assert_no_progress(rid, run_dir)
+        t0 = time.monotonic()
+        result = _cli(tmp_path, "resume", rid)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "resumed" in result.stdout
+        # `resume` of a live run returns at once; the coordinator continues.
+        assert proc.poll() is None and time.monotonic() - t0 < 15
+        wait_for(lambda: _beat(run_dir) == 40, 40, "the heartbeat to continue to its end")
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    ss = sessions(run_dir)
+    # Session 1 continued where it was (its agent finished, not restarted).
+    assert ss[0].state == "done" and ss[0].end_reason == "agent finished"
+    with Store(run_dir / "state.sqlite", readonly=True) as s:
+        assert s.run().state == "passed"
+        ((start, end),) = s.pause_intervals()
+        assert end is not None and end > start
+
+
+def test_sigkill_of_the_coordinator_while_paused_then_resume_continues(tmp_path: Path) -> None:
+    rid, run_dir, proc = _start(tmp_path, beats=400)
+    try:
+        _pause_when_beating(tmp_path, rid, run_dir)
+        pids = run_cgroup(rid).pids()
+        assert pids
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    wait_for(lambda: not RunLock.is_held(run_dir), 3, "the run lock to be free")
+    # Still frozen and still paused on disk: nothing ran on without its coordinator.
+    _assert_no_progress(rid, run_dir)
+    st = _cli(tmp_path, "status", rid, "--json")
+    assert '"state": "paused, coordinator gone (resume it)"' in st.stdout
+    result = corral("resume", rid, "--plain", "--runs-dir", str(tmp_path / "runs"),
+                    cwd=tmp_path, timeout=90)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not any(alive(p) for p in pids)
+    assert not run_cgroup(rid).exists()
+    with Store(run_dir / "state.sqlite", readonly=True) as s:
+        assert s.run().state == "passed" and not s.paused()
+    ss = sessions(run_dir)
+    assert ss[0].state == "interrupted" and ss[-1].checks_passed == ss[-1].checks_total == 2
+
+
+def test_stop_ends_a_paused_run_with_nothing_left(tmp_path: Path) -> None:
+    rid, run_dir, proc = _start(tmp_path, beats=400)
+    try:
+        _pause_when_beating(tmp_path, rid, run_dir)
+        pids = run_cgroup(rid).pids()
+        beat = _beat(run_dir)
+        result = _cli(tmp_path, "stop", rid)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert proc.wait(20) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not any(alive(p) for p in pids), "a process of the paused run survived stop"
+    assert not run_cgroup(rid).exists()
+    # Killed while frozen: the agent never ran again.
+    assert _beat(run_dir) == beat
+    with Store(run_dir / "state.sqlite", readonly=True) as s:
+        assert s.run().state == "stopped" and not s.paused()
