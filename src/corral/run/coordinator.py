@@ -73,6 +73,7 @@ if TYPE_CHECKING:
 
     from corral.broker.journal import Journal
     from corral.provider.server import ProviderThread
+    from corral.run.watchdog import Watchdog
     from corral.sandbox.spec import ExecResult, Limits, SandboxSpec
     from corral.sandbox.unix_admit import UnixConnectEvent
 
@@ -214,6 +215,7 @@ class Coordinator:
         self._provider_url: str | None = None
         self._forwarder: PortForwarder | None = None
         self._cg: RunCgroup | None = None
+        self._watchdog: Watchdog | None = None
         self._session = 0
         self._agent: RunAgent | None = None
         self._agent_reported = 0
@@ -311,6 +313,7 @@ class Coordinator:
             raise CorralError("no cgroup hierarchy: a run needs its run-wide cgroup")
         self._recover(store)
         self._cg.create(run.memory_cap)
+        self._start_watchdog()
         self.progress.update(
             run=self.run_id, max_sessions=run.max_sessions, memory_cap=run.memory_cap
         )
@@ -422,7 +425,30 @@ class Coordinator:
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(self.layout.report)
 
+    def _start_watchdog(self) -> None:
+        from corral.run.watchdog import Watchdog, breach_handler
+
+        assert self._cg is not None
+        watch = self.mission.settings.watch
+
+        def request_stop() -> None:
+            self._stop_signal = signal.SIGTERM
+
+        act = breach_handler(
+            self.layout,
+            self._cg,
+            watch.on_breach,
+            request_stop=request_stop,
+            session=lambda: self._session,
+        )
+        self._watchdog = Watchdog(
+            watch, self._cg, samples=self.layout.root / "footprint.jsonl", on_breach=act
+        )
+        self._watchdog.start()
+
     def _teardown(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.close()
         if self._forwarder is not None:
             self._forwarder.close()
         if self._provider is not None:

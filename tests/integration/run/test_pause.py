@@ -7,11 +7,14 @@ exactly where they were, whatever the interval.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -159,3 +162,57 @@ def test_stop_ends_a_paused_run_with_nothing_left(tmp_path: Path) -> None:
     assert _beat(run_dir) == beat
     with Store(run_dir / "state.sqlite", readonly=True) as s:
         assert s.run().state == "stopped" and not s.paused()
+
+
+def test_the_watchdog_pauses_a_run_when_host_memory_is_low(tmp_path: Path) -> None:
+    # A floor above what any host has: MemAvailable is below it from the first sample.
+    mission = _mission(tmp_path, beats=20)
+    text = mission.read_text().replace(
+        "[limits]", '[watch]\nhost_memory_min_free = "1048576G"\non_breach = "pause"\n\n[limits]'
+    )
+    mission.write_text(text)
+    rid = new_id()
+    run_dir = tmp_path / "runs" / rid
+    proc = start_corral(
+        "run", str(mission), "--plain", "--id", rid, "--runs-dir", str(tmp_path / "runs"),
+        cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: _watch_rows(run_dir), 40, "the watchdog's journal row")
+        ((target, detail),) = _watch_rows(run_dir)
+        assert target == "host_memory_min_free"
+        assert detail["action"] == "pause" and detail["threshold"] == 1 << 50
+        assert 0 < detail["value"] < detail["threshold"]
+        assert "error" not in detail
+        with Store(run_dir / "state.sqlite", readonly=True) as s:
+            assert s.run().state == "paused"
+        # Paused: the coordinator starts nothing and the run's counters stay flat.
+        _assert_no_progress(rid, run_dir)
+        assert not sessions(run_dir)
+        # The breach persists; the watchdog acted once and lets the user resume.
+        result = _cli(tmp_path, "resume", rid)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert len(_watch_rows(run_dir)) == 1
+    samples = (run_dir / "footprint.jsonl").read_text().splitlines()
+    assert samples and '"run"' in samples[-1]
+
+
+def _watch_rows(run_dir: Path) -> list[tuple[str, dict[str, Any]]]:
+    path = run_dir / "journal.sqlite"
+    if not path.exists():
+        return []
+    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+    try:
+        rows = conn.execute(
+            "SELECT target, detail FROM observations WHERE kind = 'watch'"
+        ).fetchall()
+    except sqlite3.Error:
+        return []
+    finally:
+        conn.close()
+    return [(str(t), dict(json.loads(d))) for t, d in rows]
