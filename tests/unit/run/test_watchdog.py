@@ -15,7 +15,10 @@ from corral.run.watchdog import (
 )
 
 MEMINFO = "MemTotal:       32000000 kB\nMemFree:  100 kB\nMemAvailable:    2000000 kB\n"
-PSI = "some avg10=41.50 avg60=3.00 avg300=0.10 total=1\nfull avg10=1.00 avg60=0.00 avg300=0.00 total=2\n"
+PSI = (
+    "some avg10=41.50 avg60=3.00 avg300=0.10 total=1\n"
+    "full avg10=1.00 avg60=0.00 avg300=0.00 total=2\n"
+)
 
 
 def _sample(available: int, pressure: dict[str, float] | None = None) -> Sample:
