@@ -178,7 +178,7 @@ def test_the_watchdog_pauses_a_run_when_host_memory_is_low(tmp_path: Path) -> No
         cwd=tmp_path,
     )  # fmt: skip
     try:
-        wait_for(lambda: _watch_rows(run_dir), 40, "the watchdog's journal row")
+        wait_for(lambda: bool(_watch_rows(run_dir)), 40, "the watchdog's journal row")
         ((target, detail),) = _watch_rows(run_dir)
         assert target == "host_memory_min_free"
         assert detail["action"] == "pause" and detail["threshold"] == 1 << 50

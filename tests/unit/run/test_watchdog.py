@@ -34,7 +34,7 @@ def test_kernel_files_parse() -> None:
 
 
 def test_breach_on_host_memory_and_on_pressure() -> None:
-    w = WatchSettings(host_memory_min_free="1G", memory_pressure="some avg10 > 40")
+    w = WatchSettings(host_memory_min_free=1 << 30, memory_pressure="some avg10 > 40")
     low = breach(w, _sample(512 << 20))
     assert low is not None and low.what == "host_memory_min_free"
     assert (low.value, low.threshold) == (512 << 20, 1 << 30)
