@@ -59,6 +59,7 @@ class RunStatus:
     active: bool
     allowed: int
     denied: int
+    footprint: dict[str, Any] | None = None
 
     @property
     def display_state(self) -> str:
@@ -82,6 +83,7 @@ class RunStatus:
             "peak_memory_bytes": self.run.peak_memory,
             "memory_cap_bytes": self.run.memory_cap,
             "end_reason": self.run.end_reason,
+            "footprint": self.footprint,
         }
 
 
@@ -91,8 +93,11 @@ def run_status(layout: RunLayout) -> RunStatus:
     with Store(layout.state, readonly=True) as store:
         run = store.run()
         sessions = tuple(store.sessions())
+    from corral.run.footprint import footprint
+
     allowed, denied = journal_counts(layout.journal, run.id)
-    return RunStatus(run, sessions, RunLock.is_held(layout.root), allowed, denied)
+    active = RunLock.is_held(layout.root)
+    return RunStatus(run, sessions, active, allowed, denied, footprint(layout, run))
 
 
 def _wait_unlocked(layout: RunLayout, timeout_s: float) -> bool:

@@ -89,11 +89,29 @@ def _assert_no_progress(rid: str, run_dir: Path) -> None:
     assert _beat(run_dir) == beat0 < 40, "the heartbeat moved while paused"
 
 
+def _assert_top_and_status_while_paused(tmp_path: Path, rid: str) -> None:
+    top = _cli(tmp_path, "top", "--once", "--json")
+    assert top.returncode == 0, top.stderr
+    rows = {r["env"]: r for r in map(json.loads, top.stdout.splitlines()) if r["run"] == rid}
+    assert rows["run"]["memory_cap_bytes"] == 1 << 30
+    assert 0 < rows["run"]["memory_bytes"] <= rows["run"]["memory_peak_bytes"]
+    assert rows["run"]["pids"] >= 2 and "agent" in rows
+    # Frozen: the kernel's CPU counter did not move between top's two samples.
+    assert rows["run"]["cpu_percent"] == 0.0
+    plain = _cli(tmp_path, "top", "--once")
+    assert plain.returncode == 0 and max(map(len, plain.stdout.splitlines())) <= 80
+    st = _cli(tmp_path, "status", rid, "--json")
+    fp = json.loads(st.stdout)["footprint"]
+    assert fp["memory_cap_bytes"] == 1 << 30 and fp["memory_peak_bytes"] > 0
+    assert fp["cpu_s"] > 0 and fp["watchdog"] == []
+
+
 def test_a_paused_run_makes_no_progress_and_completes_after_resume(tmp_path: Path) -> None:
     rid, run_dir, proc = _start(tmp_path, beats=40)
     try:
         _pause_when_beating(tmp_path, rid, run_dir)
         _assert_no_progress(rid, run_dir)
+        _assert_top_and_status_while_paused(tmp_path, rid)
         t0 = time.monotonic()
         result = _cli(tmp_path, "resume", rid)
         assert result.returncode == 0, result.stdout + result.stderr
@@ -186,6 +204,9 @@ def test_the_watchdog_pauses_a_run_when_host_memory_is_low(tmp_path: Path) -> No
         assert "error" not in detail
         with Store(run_dir / "state.sqlite", readonly=True) as s:
             assert s.run().state == "paused"
+        st = json.loads(_cli(tmp_path, "status", rid, "--json").stdout)
+        (row,) = st["footprint"]["watchdog"]
+        assert row["action"] == "pause" and row["value"] == detail["value"]
         # Paused: the coordinator starts nothing and the run's counters stay flat.
         _assert_no_progress(rid, run_dir)
         assert not sessions(run_dir)
