@@ -421,9 +421,25 @@ class Coordinator:
             denied=denied,
             run_dir=str(self.layout.root),
         )
+        text += self._footprint_section()
         tmp = self.layout.report.with_suffix(".tmp")
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(self.layout.report)
+
+    def _footprint_section(self) -> str:
+        from corral.run.plot import footprint_section
+
+        lim = self.mission.settings.limits
+        caps = {
+            "run": lim.run_memory,
+            "agent": lim.agent.memory,
+            "product": lim.product.memory,
+            "verifier": lim.verifier.memory,
+        }
+        try:
+            return footprint_section(self.layout.root, caps)
+        except (ImportError, OSError, ValueError) as exc:
+            return f"\n(footprint plot not rendered: {type(exc).__name__})\n"
 
     def _start_watchdog(self) -> None:
         from corral.run.watchdog import Watchdog, breach_handler

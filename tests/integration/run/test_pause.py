@@ -131,6 +131,9 @@ def test_a_paused_run_makes_no_progress_and_completes_after_resume(tmp_path: Pat
         assert s.run().state == "passed"
         ((start, end),) = s.pause_intervals()
         assert end is not None and end > start
+    # The report links the plot drawn from the watchdog's samples.
+    assert "](footprint.svg)" in (run_dir / "report.md").read_text()
+    assert "<svg" in (run_dir / "footprint.svg").read_text()
 
 
 def test_sigkill_of_the_coordinator_while_paused_then_resume_continues(tmp_path: Path) -> None:
