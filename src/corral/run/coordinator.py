@@ -56,6 +56,7 @@ from corral.run.environments import (
 )
 from corral.run.forward import PortForwarder, probe_ready
 from corral.run.mission import Mission, ProviderRef, parse_mission, parse_provider
+from corral.run.pause import wait_unpaused
 from corral.run.progress import Progress
 from corral.run.prompt import build_prompt
 from corral.run.report import render_report
@@ -216,6 +217,7 @@ class Coordinator:
         self._forwarder: PortForwarder | None = None
         self._cg: RunCgroup | None = None
         self._watchdog: Watchdog | None = None
+        self._paused_s: Callable[[float, float], float] = lambda _since, _now: 0.0
         self._session = 0
         self._agent: RunAgent | None = None
         self._agent_reported = 0
@@ -308,6 +310,7 @@ class Coordinator:
         store.update_run(state="running", coordinator_pid=os.getpid(), stop_requested=0)
         store.event("coordinator_start", pid=os.getpid())
         self._journal = Journal(self.layout.journal)
+        self._paused_s = store.paused_s
         self._cg = RunCgroup.detect(self.run_id)
         if self._cg is None:
             raise CorralError("no cgroup hierarchy: a run needs its run-wide cgroup")
@@ -749,7 +752,7 @@ class Coordinator:
         except CorralError as exc:
             return CheckResult(check.name, False, f"verifier refused: {exc}", None, 0.0)
         try:
-            result = running.wait(check.timeout)
+            result = wait_unpaused(running, check.timeout, self._paused_s)
         finally:
             running.close()
             for stop in stops:

@@ -20,12 +20,20 @@ in the listen backlog until the thaw: it is not refused, it stalls.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from corral.errors import CorralError, UsageError
 from corral.run.environments import RunLayout
 from corral.run.runcg import RunCgroup
 from corral.run.store import TERMINAL_RUN_STATES, RunLock, Store
 
-__all__ = ["pause_run", "thaw_run"]
+if TYPE_CHECKING:
+    from corral.sandbox.backend import Sandbox
+    from corral.sandbox.spec import ExecResult
+
+__all__ = ["pause_run", "thaw_run", "wait_unpaused"]
 
 
 def _cgroup(layout: RunLayout) -> RunCgroup:
@@ -73,3 +81,24 @@ def thaw_run(layout: RunLayout) -> bool:
                 cg.thaw()
         store.end_pause()
     return True
+
+
+def wait_unpaused(
+    running: Sandbox,
+    timeout_s: float,
+    paused_s: Callable[[float, float], float],
+    poll_s: float = 0.1,
+) -> ExecResult:
+    """`running.wait(timeout_s)`, where the time the run spent paused does not count.
+
+    The backend's own wait is given only the last stretch, once the
+    remainder is short, so its timeout never fires across a pause.
+    """
+    started = time.monotonic()
+    while running.poll() is None:
+        now = time.monotonic()
+        left = timeout_s - (now - started - paused_s(started, now))
+        if left <= poll_s:
+            return running.wait(max(left, 0.0))
+        time.sleep(poll_s)
+    return running.wait()

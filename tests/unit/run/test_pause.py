@@ -90,3 +90,26 @@ def test_paused_time_does_not_count_against_the_wall_time() -> None:
     # Paused the whole time (what the durable record says): no timeout, the agent finishes.
     reason, journal = _watch(SessionHooks(paused_s=lambda since, now: now - since), 10, 0.2)
     assert reason is None and not journal.rows
+
+
+class _Waitable(_Sandbox):
+    def __init__(self, polls: int) -> None:
+        super().__init__(polls)
+        self.waited: list[float | None] = []
+
+    def wait(self, timeout_s: float | None = None) -> str:
+        self.waited.append(timeout_s)
+        return "timeout" if timeout_s is not None else "exited"
+
+
+def test_a_check_timeout_does_not_count_paused_time() -> None:
+    from corral.run.pause import wait_unpaused
+
+    # Control: never paused, the backend's wait gets the last stretch and times out.
+    sb = _Waitable(polls=1000)
+    assert wait_unpaused(sb, 0.3, lambda _a, _b: 0.0, poll_s=0.05) == "timeout"  # type: ignore[arg-type, comparison-overlap]
+    assert sb.waited and sb.waited[0] is not None and sb.waited[0] <= 0.05
+    # Paused throughout: the check runs to its end however long that is.
+    sb = _Waitable(polls=12)
+    assert wait_unpaused(sb, 0.3, lambda a, b: b - a, poll_s=0.05) == "exited"  # type: ignore[arg-type, comparison-overlap]
+    assert sb.waited == [None]
