@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from corral.run.environments import RunLayout
 from corral.run.mission import WatchSettings
@@ -213,39 +214,47 @@ class Watchdog:
         self.on_breach = on_breach
         self.pressure_path = pressure_source(cg)
         self.taken = 0
+        self._armed = True
+        self._stored = 0.0
+        self._out: TextIO | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="corral-watchdog", daemon=True)
 
     def start(self) -> None:
+        """The first sample is taken (and acted on) here, before the run starts work."""
+        self._out = self.samples.open("a", encoding="utf-8")
+        self._step()
         self._thread.start()
 
     def close(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(5.0)
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+
+    def _step(self) -> None:
+        assert self._out is not None
+        try:
+            sample = take_sample(self.cg, self.pressure_path)
+        except (OSError, ValueError):
+            return
+        self.taken += 1
+        found = breach(self.settings, sample)
+        if sample.mono - self._stored >= _STORE_EVERY_S or (found is not None and self._armed):
+            self._out.write(sample.to_json() + "\n")
+            self._out.flush()
+            self._stored = sample.mono
+        if found is None:
+            self._armed = True
+        elif self._armed:
+            self._armed = False
+            self.on_breach(found, sample)
 
     def _loop(self) -> None:
-        armed = True
-        stored = 0.0
-        with self.samples.open("a", encoding="utf-8") as out:
-            while not self._stop.is_set():
-                try:
-                    sample = take_sample(self.cg, self.pressure_path)
-                except (OSError, ValueError):
-                    self._stop.wait(self.settings.interval)
-                    continue
-                self.taken += 1
-                found = breach(self.settings, sample)
-                if sample.mono - stored >= _STORE_EVERY_S or (found is not None and armed):
-                    out.write(sample.to_json() + "\n")
-                    out.flush()
-                    stored = sample.mono
-                if found is None:
-                    armed = True
-                elif armed:
-                    armed = False
-                    self.on_breach(found, sample)
-                self._stop.wait(self.settings.interval)
+        while not self._stop.wait(self.settings.interval):
+            self._step()
 
 
 def breach_handler(
