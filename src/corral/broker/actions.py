@@ -49,6 +49,7 @@ ActionKind: TypeAlias = Literal[
     "file_op",
     "process_event",
     "unix_connect",
+    "watch",
 ]
 KINDS: tuple[ActionKind, ...] = (
     "net_connect",
@@ -58,6 +59,7 @@ KINDS: tuple[ActionKind, ...] = (
     "file_op",
     "process_event",
     "unix_connect",
+    "watch",
 )
 ObservationDecision: TypeAlias = Literal["allow", "deny", "observe"]
 

@@ -1,4 +1,4 @@
-"""`corral run`, `corral status`, `corral resume`, `corral stop` (the journal: `corral log`).
+"""`corral run`, `status`, `top`, `pause`, `resume`, `stop` (the journal: `corral log`).
 
 Exit status of `run`/`resume`: 0 when every check passed, 1 when the run ended
 otherwise (exhausted, stopped, failed), 2 for bad input (a rejected mission
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -97,19 +97,48 @@ def register(app: typer.Typer) -> None:
         runs_dir: Annotated[Path, _RUNS_DIR] = Path(".corral/runs"),
         plain: Annotated[bool, typer.Option("--plain", help="plain progress lines")] = False,
     ) -> None:
-        """Continue a run after a stop, a crash or a reboot."""
-        from corral.errors import RunDiskError, UsageError
+        """Thaw a paused run, or continue one after a stop, a crash or a reboot."""
+        from corral.errors import CorralError, RunDiskError, UsageError
         from corral.run.control import find_run
+        from corral.run.pause import thaw_run
         from corral.run.rundisk import sweep_stale
+        from corral.run.store import RunLock
 
         try:
             sweep_stale(runs_dir)
             layout = find_run(run_ref, runs_dir)
+            driven = RunLock.is_held(layout.root)
+            thawed = thaw_run(layout)
         except UsageError as exc:
             raise _fail("resume", str(exc), 2) from exc
         except RunDiskError as exc:
             raise _fail("resume", f"refused: {exc}", 125) from exc
+        except CorralError as exc:
+            raise _fail("resume", str(exc), 1) from exc
+        if thawed and driven:
+            typer.echo(f"corral resume: run {layout.run_id} resumed")
+            raise typer.Exit(0)
         _drive("resume", layout.root, plain)
+
+    @app.command("pause")
+    def pause(
+        run_ref: Annotated[str, typer.Argument(metavar="RUN", help="run id or directory")],
+        runs_dir: Annotated[Path, _RUNS_DIR] = Path(".corral/runs"),
+    ) -> None:
+        """Freeze every process of a run where it is; `corral resume` thaws it."""
+        from corral.errors import CorralError, UsageError
+        from corral.run.control import find_run
+        from corral.run.pause import pause_run
+
+        try:
+            layout = find_run(run_ref, runs_dir)
+            fresh = pause_run(layout)
+        except UsageError as exc:
+            raise _fail("pause", str(exc), 2) from exc
+        except CorralError as exc:
+            raise _fail("pause", str(exc), 1) from exc
+        what = "paused" if fresh else "already paused"
+        typer.echo(f"corral pause: run {layout.run_id} {what}")
 
     @app.command("stop")
     def stop(
@@ -179,3 +208,57 @@ def register(app: typer.Typer) -> None:
                 text(st.run.end_reason or "", limit=120),
             )
         Console().print(table)
+
+    @app.command("top")
+    def top(
+        runs_dir: Annotated[Path, _RUNS_DIR] = Path(".corral/runs"),
+        once: Annotated[bool, typer.Option("--once", help="one table, then exit")] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="one JSON object per row")] = False,
+    ) -> None:
+        """Each live run and environment: memory (current/peak/cap), CPU %, pids, PSI."""
+        from rich.console import Console
+
+        from corral.run.control import list_runs
+        from corral.run.footprint import top_rows
+
+        console = Console()
+        while True:
+            rows = top_rows(list_runs(runs_dir), interval_s=0.5 if once else 1.0)
+            if as_json:
+                for row in rows:
+                    sys.stdout.write(json.dumps(row.to_json_dict()) + "\n")
+                sys.stdout.flush()
+            else:
+                if not once:
+                    console.clear()
+                console.print(_top_table(rows) if rows else f"no live runs in {runs_dir}")
+            if once:
+                return
+
+
+def _top_table(rows: list[Any]) -> Any:
+    from rich.table import Table
+
+    from corral.display import text
+
+    def mib(n: int | None) -> str:
+        return "-" if n is None else f"{n / 2**20:.0f}"
+
+    table = Table(show_header=True, header_style="bold", box=None)
+    table.add_column("run", no_wrap=True, max_width=24, overflow="ellipsis")
+    table.add_column("env", no_wrap=True)
+    for col in ("MiB now", "peak", "cap", "CPU %", "pids", "PSI10"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for r in rows:
+        # Text cells: run ids come from directory names.
+        table.add_row(
+            text(r.run),
+            text(r.env),
+            text(mib(r.memory_bytes)),
+            text(mib(r.peak_bytes)),
+            text(mib(r.cap_bytes)),
+            text(f"{r.cpu_percent:.1f}"),
+            text(r.pids),
+            text("-" if r.pressure_some_avg10 is None else f"{r.pressure_some_avg10:.1f}"),
+        )
+    return table

@@ -70,11 +70,14 @@ class RunStatus:
     active: bool
     allowed: int
     denied: int
+    footprint: dict[str, Any] | None = None
 
     @property
     def display_state(self) -> str:
         if self.run.state == "running" and not self.active:
             return "interrupted (resume it)"
+        if self.run.state == "paused" and not self.active:
+            return "paused, coordinator gone (resume it)"
         return self.run.state
 
     def to_json_dict(self) -> dict[str, Any]:
@@ -91,6 +94,7 @@ class RunStatus:
             "peak_memory_bytes": self.run.peak_memory,
             "memory_cap_bytes": self.run.memory_cap,
             "end_reason": self.run.end_reason,
+            "footprint": self.footprint,
         }
 
 
@@ -100,8 +104,11 @@ def run_status(layout: RunLayout) -> RunStatus:
     with Store(layout.state, readonly=True) as store:
         run = store.run()
         sessions = tuple(store.sessions())
+    from corral.run.footprint import footprint
+
     allowed, denied = journal_counts(layout.journal, run.id)
-    return RunStatus(run, sessions, RunLock.is_held(layout.root), allowed, denied)
+    active = RunLock.is_held(layout.root)
+    return RunStatus(run, sessions, active, allowed, denied, footprint(layout, run))
 
 
 def _wait_unlocked(layout: RunLayout, timeout_s: float) -> bool:
@@ -111,6 +118,19 @@ def _wait_unlocked(layout: RunLayout, timeout_s: float) -> bool:
             return True
         time.sleep(0.05)
     return not RunLock.is_held(layout.root)
+
+
+def _unpause_killed(layout: RunLayout) -> None:
+    # A frozen process acts on SIGKILL only once thawed, so the coordinator,
+    # told to stop, would wait on its paused sandboxes: they are killed
+    # while frozen (nothing of them runs again) and then thawed.
+    with Store(layout.state) as store:
+        if not store.paused():
+            return
+        cg = RunCgroup.detect(layout.run_id)
+        if cg is not None and cg.exists():
+            cg.kill_and_thaw()
+        store.end_pause()
 
 
 def stop_run(layout: RunLayout, timeout_s: float = 20.0) -> str:
@@ -124,6 +144,7 @@ def stop_run(layout: RunLayout, timeout_s: float = 20.0) -> str:
     if RunLock.is_held(layout.root) and pid:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
+        _unpause_killed(layout)
         if not _wait_unlocked(layout, timeout_s):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -131,6 +152,7 @@ def stop_run(layout: RunLayout, timeout_s: float = 20.0) -> str:
     lock = RunLock(layout.root)
     lock.acquire(wait_s=3.0)
     try:
+        _unpause_killed(layout)
         cg = RunCgroup.detect(layout.run_id)
         killed = cg.sweep() if cg is not None else 0
         with Store(layout.state) as store:

@@ -56,6 +56,7 @@ from corral.run.environments import (
 )
 from corral.run.forward import PortForwarder, probe_ready
 from corral.run.mission import Mission, ProviderRef, parse_mission, parse_provider
+from corral.run.pause import wait_unpaused
 from corral.run.progress import Progress
 from corral.run.prompt import build_prompt
 from corral.run.report import render_report
@@ -74,6 +75,7 @@ if TYPE_CHECKING:
 
     from corral.broker.journal import Journal
     from corral.provider.server import ProviderThread
+    from corral.run.watchdog import Watchdog
     from corral.sandbox.spec import ExecResult, Limits, SandboxSpec
     from corral.sandbox.unix_admit import UnixConnectEvent
 
@@ -217,6 +219,8 @@ class Coordinator:
         self._provider_url: str | None = None
         self._forwarder: PortForwarder | None = None
         self._cg: RunCgroup | None = None
+        self._watchdog: Watchdog | None = None
+        self._paused_s: Callable[[float, float], float] = lambda _since, _now: 0.0
         self._session = 0
         self._agent: RunAgent | None = None
         self._agent_reported = 0
@@ -309,11 +313,13 @@ class Coordinator:
         store.update_run(state="running", coordinator_pid=os.getpid(), stop_requested=0)
         store.event("coordinator_start", pid=os.getpid())
         self._journal = Journal(self.layout.journal)
+        self._paused_s = store.paused_s
         self._cg = RunCgroup.detect(self.run_id)
         if self._cg is None:
             raise CorralError("no cgroup hierarchy: a run needs its run-wide cgroup")
         self._recover(store)
         self._cg.create(run.memory_cap)
+        self._start_watchdog()
         self.progress.update(
             run=self.run_id, max_sessions=run.max_sessions, memory_cap=run.memory_cap
         )
@@ -351,6 +357,12 @@ class Coordinator:
             if budget is not None and tokens >= budget:
                 return self._finish(store, "exhausted", f"token budget spent ({tokens}/{budget})")
             n = (sessions[-1].n if sessions else 0) + 1
+            # A paused run starts nothing new: a sandbox started now would
+            # be frozen at birth and its start-up timeouts would fire.
+            while store.paused() and not self._stopping():
+                time.sleep(0.1)
+            if self._stopping():
+                return self._finish(store, "stopped", "stopped by the user")
             try:
                 passed = self._session_loop(store, n)
             except _Stop:
@@ -415,11 +427,50 @@ class Coordinator:
             denied=denied,
             run_dir=str(self.layout.root),
         )
+        text += self._footprint_section()
         tmp = self.layout.report.with_suffix(".tmp")
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(self.layout.report)
 
+    def _footprint_section(self) -> str:
+        from corral.run.plot import footprint_section
+
+        lim = self.mission.settings.limits
+        caps = {
+            "run": lim.run_memory,
+            "agent": lim.agent.memory,
+            "product": lim.product.memory,
+            "verifier": lim.verifier.memory,
+        }
+        try:
+            return footprint_section(self.layout.root, caps)
+        except (ImportError, OSError, ValueError) as exc:
+            return f"\n(footprint plot not rendered: {type(exc).__name__})\n"
+
+    def _start_watchdog(self) -> None:
+        from corral.run.watchdog import Watchdog, breach_handler
+
+        assert self._cg is not None
+        watch = self.mission.settings.watch
+
+        def request_stop() -> None:
+            self._stop_signal = signal.SIGTERM
+
+        act = breach_handler(
+            self.layout,
+            self._cg,
+            watch.on_breach,
+            request_stop=request_stop,
+            session=lambda: self._session,
+        )
+        self._watchdog = Watchdog(
+            watch, self._cg, samples=self.layout.root / "footprint.jsonl", on_breach=act
+        )
+        self._watchdog.start()
+
     def _teardown(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.close()
         if self._forwarder is not None:
             self._forwarder.close()
         if self._provider is not None:
@@ -586,6 +637,7 @@ class Coordinator:
             tick=self._tick,
             on_broker=on_broker,
             unix_observer=self._unix_observer,
+            paused_s=store.paused_s,
         )
         outcome = run_session(plan, journal=self._journal, hooks=hooks)
         self._agent_reported = outcome.agent_reported_tokens
@@ -707,7 +759,7 @@ class Coordinator:
         except CorralError as exc:
             return CheckResult(check.name, False, f"verifier refused: {exc}", None, 0.0)
         try:
-            result = running.wait(check.timeout)
+            result = wait_unpaused(running, check.timeout, self._paused_s)
         finally:
             running.close()
             for stop in stops:

@@ -50,6 +50,7 @@ __all__ = [
     "ProductSettings",
     "ProviderRef",
     "SessionSettings",
+    "WatchSettings",
     "load_mission",
     "parse_mission",
     "parse_provider",
@@ -170,6 +171,32 @@ class SessionSettings(BaseModel):
     @classmethod
     def _wall(cls, value: object) -> object:
         return _duration(value)
+
+
+_PRESSURE_RE = re.compile(r"^(some|full) (avg10|avg60|avg300) > (\d+(?:\.\d+)?)$")
+
+
+class WatchSettings(BaseModel):
+    """`[watch]`: the watchdog's thresholds (see `corral.run.watchdog`)."""
+
+    model_config = _FROZEN
+
+    host_memory_min_free: int | None = None
+    memory_pressure: str | None = None
+    on_breach: Literal["pause", "stop", "kill"] = "pause"
+    interval: float = Field(default=0.1, gt=0, le=0.1)
+
+    @field_validator("host_memory_min_free", mode="before")
+    @classmethod
+    def _free(cls, value: object) -> object:
+        return None if value is None else _size(value)
+
+    @field_validator("memory_pressure")
+    @classmethod
+    def _pressure(cls, value: str | None) -> str | None:
+        if value is not None and _PRESSURE_RE.match(value) is None:
+            raise ValueError(f"memory_pressure is like 'some avg10 > 40', not {value!r}")
+        return value
 
 
 class NetworkSettings(BaseModel):
@@ -369,6 +396,7 @@ class MissionSettings(BaseModel):
     token_budget: int | None = Field(default=None, ge=1, description="run-wide")
     session: SessionSettings = SessionSettings()
     limits: Limits = Limits()
+    watch: WatchSettings = WatchSettings()
     network: NetworkSettings = NetworkSettings()
     mcp: McpSettings = McpSettings()
     backend: Backends = Backends()

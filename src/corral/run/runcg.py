@@ -9,6 +9,12 @@ kernel's peak counter of the run cgroup (`memory.max_usage_in_bytes`, or
 
 `sweep()` is the recovery step: it kills every process found anywhere in the
 run's subtree, in every hierarchy, and removes the cgroups, deepest first.
+`freeze()`/`thaw()` pause the whole subtree: the v1 freezer and v2's
+`cgroup.freeze` are both hierarchical, and a cgroup created (or a process
+attached) below a frozen one is frozen too. A frozen task does not act on
+SIGKILL until it is thawed (v1), so `sweep()` signals every process first,
+while nothing can fork, and only then thaws: they die without running again.
+
 A run id always starts with a letter, so `run-<id>` never looks like a
 per-sandbox cgroup (`<env>-<pid>-<hex>`) to the backend's stale sweep.
 """
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from pathlib import Path
 
 from corral.errors import CgroupError
@@ -90,9 +97,27 @@ class RunCgroup:
     def oom_kills(self) -> int:
         return self.cgroup.usage().oom_kills if self.exists() else 0
 
+    def freeze(self, timeout_s: float = 5.0) -> None:
+        """Stop every process of the run where it is (CgroupError if it cannot)."""
+        self.cgroup.freeze(timeout_s)
+
+    def thaw(self, timeout_s: float = 5.0) -> None:
+        self.cgroup.thaw(timeout_s)
+
+    def kill_and_thaw(self) -> int:
+        """SIGKILL every process of the run, then thaw it so they die; the number signalled."""
+        pids = self.pids()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if self.exists():
+            with contextlib.suppress(CgroupError):
+                self.thaw()
+        return len(pids)
+
     def sweep(self) -> int:
         """Kill every process of the run and remove its cgroups; the number killed."""
-        killed = len(self.pids())
+        killed = self.kill_and_thaw() if self.exists() else 0
         for rel in self.descendants():
             with contextlib.suppress(CgroupError):
                 Cgroup(self.layout, rel).remove(timeout_s=5.0)

@@ -121,6 +121,8 @@ class SessionHooks:
     unix_observer: Callable[[SandboxSpec], Callable[[UnixConnectEvent], None] | None] = (
         lambda _spec: None
     )
+    paused_s: Callable[[float, float], float] = lambda _since, _now: 0.0
+    """Seconds of [since, now] (time.monotonic) the run was paused: not wall time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,12 +368,13 @@ def _watch(
     ident: Identity,
     hooks: SessionHooks,
 ) -> str | None:
-    deadline = time.monotonic() + wall
+    started = time.monotonic()
     last_tick = 0.0
     while running.poll() is None:
         if hooks.should_stop():
             return "stopped by the user"
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now - started - hooks.paused_s(started, now) >= wall:
             _event(
                 journal, ident, "timeout", f"session wall time {wall:g}s reached", decision="deny"
             )

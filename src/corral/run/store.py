@@ -9,8 +9,12 @@ long as it drives the run; the kernel drops it when the process dies
 crashed one and how `corral resume` refuses to drive a run twice at once.
 
 Run states: `created` → `running` → `passed` | `exhausted` | `failed` |
-`stopped`. Session states: `running` (with a `phase`: agent, commit,
-product, verify) → `done` | `interrupted`.
+`stopped`; `running` ⇄ `paused` (`corral pause`/`resume`: each pause is a row
+of `pauses`, committed before the cgroup is frozen and closed once it is
+thawed, its start and end also on CLOCK_MONOTONIC, which every process of the
+host shares until a reboot (so each row names its boot), so the coordinator
+subtracts paused time from its deadlines). Session states: `running` (with a
+`phase`: agent, commit, product, verify) → `done` | `interrupted`.
 """
 
 from __future__ import annotations
@@ -40,9 +44,10 @@ __all__ = [
     "SessionRecord",
     "Store",
     "now_iso",
+    "paused_seconds",
 ]
 
-RunState = Literal["created", "running", "passed", "exhausted", "failed", "stopped"]
+RunState = Literal["created", "running", "paused", "passed", "exhausted", "failed", "stopped"]
 TERMINAL_RUN_STATES: Final = frozenset({"passed", "exhausted", "failed", "stopped"})
 
 _SCHEMA: Final = """
@@ -94,6 +99,15 @@ CREATE TABLE IF NOT EXISTS checks (
     output TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (session, name)
 );
+CREATE TABLE IF NOT EXISTS pauses (
+    id INTEGER PRIMARY KEY,
+    started TEXT NOT NULL,
+    started_mono REAL NOT NULL,
+    ended TEXT,
+    ended_mono REAL,
+    boot TEXT NOT NULL,
+    reason TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY,
     time TEXT NOT NULL,
@@ -106,6 +120,24 @@ CREATE TABLE IF NOT EXISTS events (
 
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def paused_seconds(intervals: list[tuple[float, float | None]], since: float, now: float) -> float:
+    """How much of [since, now] the intervals cover; an open one runs to `now` (pure)."""
+    total = 0.0
+    for start, end in intervals:
+        lo, hi = max(start, since), min(now if end is None else end, now)
+        if hi > lo:
+            total += hi - lo
+    return total
 
 
 class RunLockedError(CorralError, RuntimeError):
@@ -378,6 +410,58 @@ class Store:
                     (now_iso(), n, "session_interrupted", json.dumps({"phase": phase})),
                 )
         return [int(n) for n, _ in rows]
+
+    # -- pauses -----------------------------------------------------------
+    def begin_pause(self, reason: str) -> bool:
+        """Record that the run is paused (state `paused`); False if it already was."""
+        t, mono = now_iso(), time.monotonic()
+        with self._tx() as cur:
+            if cur.execute("SELECT 1 FROM pauses WHERE ended IS NULL").fetchone():
+                return False
+            cur.execute(
+                "INSERT INTO pauses (started, started_mono, boot, reason) VALUES (?,?,?,?)",
+                (t, mono, _boot_id(), reason),
+            )
+            cur.execute("UPDATE run SET state = 'paused', updated = ?", (t,))
+            cur.execute(
+                "INSERT INTO events (time, session, kind, detail) VALUES (?,?,?,?)",
+                (t, None, "paused", json.dumps({"reason": reason})),
+            )
+        return True
+
+    def end_pause(self) -> bool:
+        """Close the open pause (state back to `running`); False if none was open."""
+        t, mono = now_iso(), time.monotonic()
+        with self._tx() as cur:
+            row = cur.execute("SELECT id FROM pauses WHERE ended IS NULL").fetchone()
+            if row is None:
+                return False
+            cur.execute(
+                "UPDATE pauses SET ended = ?, ended_mono = ? WHERE id = ?", (t, mono, row[0])
+            )
+            cur.execute(
+                "UPDATE run SET state = 'running', updated = ? WHERE state = 'paused'", (t,)
+            )
+            cur.execute(
+                "INSERT INTO events (time, session, kind, detail) VALUES (?,?,?,?)",
+                (t, None, "resumed", "{}"),
+            )
+        return True
+
+    def paused(self) -> bool:
+        return self._conn.execute("SELECT 1 FROM pauses WHERE ended IS NULL").fetchone() is not None
+
+    def pause_intervals(self) -> list[tuple[float, float | None]]:
+        """This boot's pauses as (start, end) on CLOCK_MONOTONIC; end None while paused."""
+        rows = self._conn.execute(
+            "SELECT started_mono, ended_mono FROM pauses WHERE boot = ? ORDER BY id",
+            (_boot_id(),),
+        ).fetchall()
+        return [(float(a), None if b is None else float(b)) for a, b in rows]
+
+    def paused_s(self, since: float, now: float) -> float:
+        """Seconds of [since, now] (CLOCK_MONOTONIC) the run spent paused."""
+        return paused_seconds(self.pause_intervals(), since, now)
 
     # -- checks -----------------------------------------------------------
     def record_checks(self, n: int, results: list[CheckResult]) -> None:

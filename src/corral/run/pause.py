@@ -1,0 +1,104 @@
+"""`corral pause` and the thaw half of `corral resume` (the shell behind the CLI).
+
+A pause freezes the run cgroup, so every process of the run stops where it
+is (sandboxes, brokers, MCP servers, helpers) with its memory kept. The
+coordinator is not in the run cgroup and keeps running: it sees the open
+pause in state.sqlite and does not count it against the session's wall time.
+
+Order, so that a crash at any point leaves a recoverable run: the pause is
+committed before the cgroup is frozen (a crash in between leaves a paused
+record over running processes, which `resume` thaws, a no-op), and it is
+closed only after the thaw.
+
+What a client of a frozen broker sees: the only clients of a session's
+broker are the agent sandbox's processes, frozen with it. The verifier's
+port forwarder (in the coordinator) never runs while the run is paused,
+because the coordinator starts no new work then. A connection made to a
+frozen listener anyway completes the TCP handshake in the kernel and waits
+in the listen backlog until the thaw: it is not refused, it stalls.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from corral.errors import CorralError, UsageError
+from corral.run.environments import RunLayout
+from corral.run.runcg import RunCgroup
+from corral.run.store import TERMINAL_RUN_STATES, RunLock, Store
+
+if TYPE_CHECKING:
+    from corral.sandbox.backend import Sandbox
+    from corral.sandbox.spec import ExecResult
+
+__all__ = ["pause_run", "thaw_run", "wait_unpaused"]
+
+
+def _cgroup(layout: RunLayout) -> RunCgroup:
+    cg = RunCgroup.detect(layout.run_id)
+    if cg is None or not cg.exists():
+        raise UsageError(f"run {layout.run_id} has no run cgroup (is it running?)")
+    return cg
+
+
+def pause_run(layout: RunLayout, reason: str = "paused by the user") -> bool:
+    """Freeze the run; False if it was already paused. UsageError if it is not running."""
+    with Store(layout.state) as store:
+        run = store.run()
+        if run.state in TERMINAL_RUN_STATES:
+            raise UsageError(f"run {run.id} is {run.state}; only a running run can be paused")
+        if not RunLock.is_held(layout.root):
+            raise UsageError(f"run {run.id} is not being driven (corral resume it)")
+        cg = _cgroup(layout)
+        if not store.begin_pause(reason):
+            return False
+        try:
+            cg.freeze()
+        except CorralError:
+            # Not frozen, so not paused: undo the record before reporting.
+            cg.thaw()
+            store.end_pause()
+            raise
+    return True
+
+
+def thaw_run(layout: RunLayout) -> bool:
+    """Thaw a paused run and close its pause; False if it was not paused.
+
+    With its coordinator gone (killed while paused) the cgroup stays frozen
+    and only the pause is closed: the orphaned sessions are not continued;
+    the recovery that `corral resume` then runs kills them while they are
+    still frozen and restarts from the last commit.
+    """
+    with Store(layout.state) as store:
+        if not store.paused():
+            return False
+        if RunLock.is_held(layout.root):
+            cg = RunCgroup.detect(layout.run_id)
+            if cg is not None and cg.exists():
+                cg.thaw()
+        store.end_pause()
+    return True
+
+
+def wait_unpaused(
+    running: Sandbox,
+    timeout_s: float,
+    paused_s: Callable[[float, float], float],
+    poll_s: float = 0.1,
+) -> ExecResult:
+    """`running.wait(timeout_s)`, where the time the run spent paused does not count.
+
+    The backend's own wait is given only the last stretch, once the
+    remainder is short, so its timeout never fires across a pause.
+    """
+    started = time.monotonic()
+    while running.poll() is None:
+        now = time.monotonic()
+        left = timeout_s - (now - started - paused_s(started, now))
+        if left <= poll_s:
+            return running.wait(max(left, 0.0))
+        time.sleep(poll_s)
+    return running.wait()
