@@ -2,15 +2,18 @@
 
 Every figure is read on the host side: the run cgroup's peak and CPU time
 from its own files while it exists, else what the coordinator recorded (the
-peak at each session's end) and the watchdog's last sample. Disk is not
-counted yet (no `run_disk` quota in this tree): `disk_bytes` and
-`disk_cap_bytes` are null rather than a guess.
+peak at each session's end) and the watchdog's last sample. Disk comes
+from the run's own filesystem when it has a `run_disk` quota (the per-run
+image's statvfs); without one, `disk_bytes` and `disk_cap_bytes` are null
+rather than a guess.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from corral.run.environments import RunLayout
@@ -19,7 +22,17 @@ from corral.run.store import RunRecord, Store
 from corral.run.watchdog import Sample, pressure_source, read_samples, take_sample
 from corral.sandbox.cgroup import Cgroup
 
-__all__ = ["TopRow", "footprint", "top_rows"]
+__all__ = ["TopRow", "footprint", "run_disk_usage", "top_rows"]
+
+
+def run_disk_usage(root: Path) -> tuple[int | None, int | None]:
+    """(bytes used, bytes of the quota) of a run directory on its own `run_disk` image."""
+    from corral.run.rundisk import is_mounted
+
+    if not is_mounted(root):
+        return None, None
+    st = os.statvfs(root)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize, st.f_blocks * st.f_frsize
 
 
 def footprint(layout: RunLayout, run: RunRecord) -> dict[str, Any]:
@@ -39,12 +52,13 @@ def footprint(layout: RunLayout, run: RunRecord) -> dict[str, Any]:
         watch = [
             {"time": t, "session": s, **d} for t, s, kind, d in store.events() if kind == "watch"
         ]
+    disk, disk_cap = run_disk_usage(layout.root)
     return {
         "memory_peak_bytes": peak,
         "memory_cap_bytes": run.memory_cap,
         "cpu_s": cpu_s,
-        "disk_bytes": None,
-        "disk_cap_bytes": None,
+        "disk_bytes": disk,
+        "disk_cap_bytes": disk_cap,
         "watchdog": watch,
     }
 

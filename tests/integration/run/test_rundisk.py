@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from corral.errors import RunDiskError
+from corral.run.footprint import run_disk_usage
 from corral.run.rundisk import RunDisk, is_mounted, sweep_stale
 
 pytestmark = [pytest.mark.requires_root]
@@ -70,6 +71,10 @@ def test_filling_the_run_dir_hits_enospc_and_the_host_pays_at_most_the_quota(
         assert info.value.errno == errno.ENOSPC
         assert written < QUOTA
         assert before - _free(host_fs) <= QUOTA
+        # `corral status`'s footprint reads the same quota from the run's image.
+        used, cap = run_disk_usage(disk.target)
+        assert cap is not None and used is not None
+        assert cap <= QUOTA and used >= written // 2
     finally:
         disk.remove()
     assert not is_mounted(disk.target)
