@@ -63,7 +63,15 @@ def register(app: typer.Typer) -> None:
         ] = None,
         provider: Annotated[
             str | None,
-            typer.Option("--provider", help="synthetic[:FILE] | anthropic | openai"),
+            typer.Option(
+                "--provider",
+                help="synthetic[:FILE] | anthropic | openai | anthropic-compatible:URL"
+                " | openai-compatible:URL",
+            ),
+        ] = None,
+        provider_key: Annotated[
+            str | None,
+            typer.Option("--provider-key", help="a compatible provider's key: env:NAME | file:/PATH"),
         ] = None,
         runs_dir: Annotated[Path, _RUNS_DIR] = Path(".corral/runs"),
         run_id: Annotated[str | None, typer.Option("--id", help="the run's id")] = None,
@@ -79,10 +87,8 @@ def register(app: typer.Typer) -> None:
             raise _fail("run", f"a run id starts with a letter and has no '/': {run_id!r}", 2)
         try:
             sweep_stale(runs_dir)
-            m = load_mission(mission)
-            if provider == "synthetic":
-                provider = m.settings.provider if m.provider.kind == "synthetic" else None
-            layout = create_run(m, runs_dir, agent=agent, provider=provider, run_id=run_id)
+            m = load_mission(mission, provider, provider_key)
+            layout = create_run(m, runs_dir, agent=agent, run_id=run_id)
         except RunDiskError as exc:
             # The run's disk quota could not be set up: refused, like a missing layer.
             raise _fail("run", f"refused: {exc}", 125) from exc
