@@ -23,20 +23,24 @@ any rule): a local model server usually listens on 127.0.0.1.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from corral.agents.base import WireApi
 from corral.errors import UsageError
+
+if TYPE_CHECKING:
+    from corral.broker.config import BrokerConfig
 
 __all__ = [
     "MCP_ROUTE",
     "REAL_PROVIDERS",
     "ProviderChoice",
     "ProviderKind",
+    "UpstreamOverride",
     "broker_document",
     "check_compatible",
     "compatible_url",
@@ -239,6 +243,34 @@ def route_secret_env(choice: ProviderChoice, environ: Mapping[str, str]) -> dict
     if choice.kind == "openai":
         return {"CORRAL_OPENAI_AUTHORIZATION": f"Bearer {key}"}
     return {name: key}
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamOverride:
+    """A test hook on the host: where a route's upstream host really is, and its CA.
+
+    Only host-side code builds one (`corral.run.agent_run.run_agent(upstream=)`);
+    it becomes the broker's `resolver_overrides` and `upstream_tls.ca_bundle`,
+    which are in the broker's configuration, never in the sandbox. The address
+    is an explicit, host-chosen destination, so the route admits it even when
+    it is private or loopback.
+    """
+
+    address: str
+    ca_bundle: str | None = None
+
+    def apply(self, broker: BrokerConfig, route: str) -> BrokerConfig:
+        from corral.broker.config import TlsConfig
+        from corral.broker.hosts import canonical_host
+
+        old = broker.routes[route]
+        host = old.upstream.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[0]
+        routes = {**broker.routes, route: old.model_copy(update={"allow_private": True})}
+        overrides = {**broker.resolver_overrides, canonical_host(host): (self.address,)}
+        tls = TlsConfig(verify=True, ca_bundle=self.ca_bundle)
+        return broker.model_copy(
+            update={"routes": routes, "resolver_overrides": overrides, "upstream_tls": tls}
+        )
 
 
 def broker_document(routes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
