@@ -126,7 +126,9 @@ def compatible_url(text: str) -> str:
     """
     m = _URL.match(text)
     if m is None or (m.group(3) and not 1 <= int(m.group(3)[1:]) <= 65535):
-        raise UsageError(f"a compatible provider's URL is http(s)://host[:port][/path], not {text!r}")
+        raise UsageError(
+            f"a compatible provider's URL is http(s)://host[:port][/path], not {text!r}"
+        )
     url = text.rstrip("/")
     return url.removesuffix("/v1")
 

@@ -47,8 +47,8 @@ from corral.agents.launch import EXIT_REFUSED, SANDBOX_BROKER, finalize, launch_
 from corral.agents.mcp_policy import McpPolicy
 from corral.agents.routes import (
     ProviderChoice,
-    check_compatible,
     UpstreamOverride,
+    check_compatible,
     parse_provider,
     provider_route,
     route_secret_env,

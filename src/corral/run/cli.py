@@ -71,7 +71,9 @@ def register(app: typer.Typer) -> None:
         ] = None,
         provider_key: Annotated[
             str | None,
-            typer.Option("--provider-key", help="a compatible provider's key: env:NAME | file:/PATH"),
+            typer.Option(
+                "--provider-key", help="a compatible provider's key: env:NAME | file:/PATH"
+            ),
         ] = None,
         runs_dir: Annotated[Path, _RUNS_DIR] = Path(".corral/runs"),
         run_id: Annotated[str | None, typer.Option("--id", help="the run's id")] = None,

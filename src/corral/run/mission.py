@@ -54,9 +54,9 @@ __all__ = [
     "WatchSettings",
     "load_mission",
     "parse_mission",
-    "with_provider",
     "parse_provider",
     "split_front_matter",
+    "with_provider",
 ]
 
 #: Agents a mission may name. `script` is corral's built-in *test* agent.
@@ -473,7 +473,7 @@ def parse_provider(text: str, key: str | None = None) -> ProviderRef:
                 ref = None if key is None else parse_key_ref(key)
             except UsageError as exc:
                 raise ValueError(str(exc)) from None
-            return ProviderRef(kind, url=url, key=ref)  # type: ignore[arg-type]
+            return ProviderRef(kind, url=url, key=ref)
     if key is not None:
         raise ValueError("provider_key is for anthropic-compatible:URL or openai-compatible:URL")
     if text in ("anthropic", "openai"):

@@ -66,7 +66,9 @@ def _sse(events: list[tuple[str | None, dict[str, Any]]]) -> bytes:
     return out
 
 
-def _anthropic_reply(body: dict[str, Any]) -> tuple[list[tuple[str | None, dict[str, Any]]], dict[str, Any]]:
+def _anthropic_reply(
+    body: dict[str, Any],
+) -> tuple[list[tuple[str | None, dict[str, Any]]], dict[str, Any]]:
     """(SSE events, JSON message): Bash(LOOK) first, then a final text once a tool ran."""
     tools = {t.get("name") for t in body.get("tools") or []}
     msgs = body.get("messages") or []
@@ -81,34 +83,63 @@ def _anthropic_reply(body: dict[str, Any]) -> tuple[list[tuple[str | None, dict[
         args = json.dumps({"command": LOOK, "description": "look around"})
         stop = "tool_use"
         events: list[tuple[str | None, dict[str, Any]]] = [
-            ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": block}),
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": 0, "content_block": block},
+            ),
             (
                 "content_block_delta",
-                {"type": "content_block_delta", "index": 0,
-                 "delta": {"type": "input_json_delta", "partial_json": args}},
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "input_json_delta", "partial_json": args},
+                },
             ),
         ]
         full = [{**block, "input": json.loads(args)}]
     else:
         stop = "end_turn"
         events = [
-            ("content_block_start",
-             {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
-            ("content_block_delta",
-             {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Done."}}),
+            (
+                "content_block_start",
+                {
+                    "type": "content_block_start",
+                    "index": 0,
+                    "content_block": {"type": "text", "text": ""},
+                },
+            ),
+            (
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "text_delta", "text": "Done."},
+                },
+            ),
         ]
         full = [{"type": "text", "text": "Done."}]
-    message = {
-        "id": "msg_01", "type": "message", "role": "assistant", "model": model, "content": [],
-        "stop_reason": None, "stop_sequence": None, "usage": {**usage, "output_tokens": 1},
+    message: dict[str, Any] = {
+        "id": "msg_01",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {**usage, "output_tokens": 1},
     }
     stream = [
         ("message_start", {"type": "message_start", "message": message}),
         *events,
         ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        ("message_delta", {"type": "message_delta",
-                           "delta": {"stop_reason": stop, "stop_sequence": None},
-                           "usage": {"output_tokens": 7}}),
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop, "stop_sequence": None},
+                "usage": {"output_tokens": 7},
+            },
+        ),
         ("message_stop", {"type": "message_stop"}),
     ]
     return stream, {**message, "content": full, "stop_reason": stop, "usage": usage}
@@ -125,23 +156,50 @@ def _responses_reply(body: dict[str, Any]) -> list[tuple[str | None, dict[str, A
     tool = next((n for n in _SHELLS if n in names), None)
     if tool is not None and not ran:
         arg: Any = ["bash", "-lc", LOOK] if tool == "shell" else LOOK
-        item = {"id": "fc_1", "type": "function_call", "status": "completed", "call_id": "call_1",
-                "name": tool, "arguments": json.dumps({_SHELLS[tool]: arg})}
+        item: dict[str, Any] = {
+            "id": "fc_1",
+            "type": "function_call",
+            "status": "completed",
+            "call_id": "call_1",
+            "name": tool,
+            "arguments": json.dumps({_SHELLS[tool]: arg}),
+        }
     else:
-        item = {"id": "msg_1", "type": "message", "status": "completed", "role": "assistant",
-                "content": [{"type": "output_text", "text": "Done.", "annotations": []}]}
-    base = {"id": "resp_1", "object": "response", "created_at": 1, "model": body.get("model"),
-            "status": "in_progress", "output": [], "usage": None, "error": None}
-    usage = {"input_tokens": 12, "input_tokens_details": {"cached_tokens": 0},
-             "output_tokens": 7, "output_tokens_details": {"reasoning_tokens": 0},
-             "total_tokens": 19}
+        item = {
+            "id": "msg_1",
+            "type": "message",
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "Done.", "annotations": []}],
+        }
+    base: dict[str, Any] = {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 1,
+        "model": body.get("model"),
+        "status": "in_progress",
+        "output": [],
+        "usage": None,
+        "error": None,
+    }
+    usage = {
+        "input_tokens": 12,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": 7,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 19,
+    }
     done = {**base, "status": "completed", "output": [item], "usage": usage}
-    evs = [
+    evs: list[tuple[str, dict[str, Any]]] = [
         ("response.created", {"type": "response.created", "response": base}),
-        ("response.output_item.added",
-         {"type": "response.output_item.added", "output_index": 0, "item": item}),
-        ("response.output_item.done",
-         {"type": "response.output_item.done", "output_index": 0, "item": item}),
+        (
+            "response.output_item.added",
+            {"type": "response.output_item.added", "output_index": 0, "item": item},
+        ),
+        (
+            "response.output_item.done",
+            {"type": "response.output_item.done", "output_index": 0, "item": item},
+        ),
         ("response.completed", {"type": "response.completed", "response": done}),
     ]
     return [(n, {**d, "sequence_number": i}) for i, (n, d) in enumerate(evs)]
@@ -178,8 +236,9 @@ def serve() -> Iterator[Any]:
     thread.start()
     runners: list[web.AppRunner] = []
 
-    def start(seen: Upstream, host: str = "127.0.0.1", port: int = 0,
-              ctx: ssl.SSLContext | None = None) -> int:
+    def start(
+        seen: Upstream, host: str = "127.0.0.1", port: int = 0, ctx: ssl.SSLContext | None = None
+    ) -> int:
         async def go() -> int:
             runner = web.AppRunner(_app(seen))
             await runner.setup()
@@ -187,8 +246,8 @@ def serve() -> Iterator[Any]:
             await site.start()
             runners.append(runner)
             server = site._server
-            assert server is not None
-            return int(server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+            assert isinstance(server, asyncio.Server)
+            return int(server.sockets[0].getsockname()[1])
 
         return asyncio.run_coroutine_threadsafe(go(), loop).result(10)
 
@@ -216,12 +275,26 @@ def _assert_key_confined(run: AgentRun, workspace: Path, key: str) -> None:
         assert key[8:].encode() not in data, path
 
 
-def _run(agent: str, provider: ProviderChoice, workspace: Path, state: Path,
-         environ: dict[str, str], **kw: Any) -> AgentRun:
+def _run(
+    agent: str,
+    provider: ProviderChoice,
+    workspace: Path,
+    state: Path,
+    environ: dict[str, str],
+    **kw: Any,
+) -> AgentRun:
     require_cli(agent)
     try:
-        return run_agent(agent, "Do the task.", workspace=workspace, provider=provider,
-                         timeout_s=60, state_dir=state, environ=environ, **kw)
+        return run_agent(
+            agent,
+            "Do the task.",
+            workspace=workspace,
+            provider=provider,
+            timeout_s=60,
+            state_dir=state,
+            environ=environ,
+            **kw,
+        )
     finally:
         # run_agent hands the broker its key through corral's own environment.
         for name in ("CORRAL_PROVIDER_KEY", "ANTHROPIC_API_KEY"):
@@ -238,7 +311,9 @@ def test_claude_code_on_an_anthropic_compatible_server(
     env = {**os.environ, "LOCAL_LLM_KEY": key}
     run = _run("claude-code", choice, workspace, state, env)
     assert (workspace / "made.txt").read_text(encoding="utf-8") == "made-by-agent\n", run.result
-    model_calls = [h for h, p in zip(seen.headers, seen.paths, strict=True) if p.endswith("/v1/messages")]
+    model_calls = [
+        h for h, p in zip(seen.headers, seen.paths, strict=True) if p.endswith("/v1/messages")
+    ]
     assert model_calls and all(h.get("x-api-key") == key for h in model_calls)
     assert all("authorization" not in h for h in seen.headers)
     _assert_key_confined(run, workspace, key)
@@ -256,7 +331,9 @@ def test_codex_on_an_openai_compatible_server(
     choice = parse_provider(f"openai-compatible:http://127.0.0.1:{port}/v1", f"file:{key_file}")
     run = _run("codex", choice, workspace, state, dict(os.environ), model=SYNTHETIC_MODEL)
     assert (workspace / "made.txt").read_text(encoding="utf-8") == "made-by-agent\n", (
-        run.result, seen.paths)
+        run.result,
+        seen.paths,
+    )
     calls = [h for h, p in zip(seen.headers, seen.paths, strict=True) if p == "POST /v1/responses"]
     assert calls and all(h.get("authorization") == f"Bearer {key}" for h in calls)
     _assert_key_confined(run, workspace, key)
@@ -272,29 +349,48 @@ def _test_ca(tmp_path: Path, name: str, address: str) -> tuple[Path, ssl.SSLCont
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "corral test CA")])
     ca = (
-        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-        .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(hours=1))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                     content_commitment=False, key_encipherment=False,
-                                     data_encipherment=False, key_agreement=False,
-                                     encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .sign(ca_key, hashes.SHA256())
     )
     leaf_key = ec.generate_private_key(ec.SECP256R1())
     leaf = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-        .issuer_name(ca_name).public_key(leaf_key.public_key())
+        .issuer_name(ca_name)
+        .public_key(leaf_key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName(
-            [x509.DNSName(name), x509.IPAddress(ipaddress.ip_address(address))]), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]),
-                       critical=False)
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName(name), x509.IPAddress(ipaddress.ip_address(address))]
+            ),
+            critical=False,
+        )
+        .add_extension(
+            x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
+        )
         .sign(ca_key, hashes.SHA256())
     )
     ca_pem = tmp_path / "ca.pem"
@@ -302,9 +398,11 @@ def _test_ca(tmp_path: Path, name: str, address: str) -> tuple[Path, ssl.SSLCont
     chain = tmp_path / "leaf.pem"
     chain.write_bytes(
         leaf.public_bytes(serialization.Encoding.PEM)
-        + leaf_key.private_bytes(serialization.Encoding.PEM,
-                                 serialization.PrivateFormat.PKCS8,
-                                 serialization.NoEncryption())
+        + leaf_key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
     )
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(chain)
@@ -314,15 +412,24 @@ def _test_ca(tmp_path: Path, name: str, address: str) -> tuple[Path, ssl.SSLCont
 def test_real_anthropic_offline(serve: Any, workspace: Path, state: Path, tmp_path: Path) -> None:
     key = "sk-ant-api03-" + secrets.token_hex(16)
     # A loopback address of its own, so port 443 is this test's alone.
-    address = f"127.{secrets.randbelow(200) + 20}.{secrets.randbelow(250) + 1}.{secrets.randbelow(250) + 1}"
+    octets = (secrets.randbelow(200) + 20, secrets.randbelow(250) + 1, secrets.randbelow(250) + 1)
+    address = "127.{}.{}.{}".format(*octets)
     ca_pem, ctx = _test_ca(tmp_path, "api.anthropic.com", address)
     seen = Upstream()
     serve(seen, host=address, port=443, ctx=ctx)
     env = {**os.environ, "ANTHROPIC_API_KEY": key}
-    run = _run("claude-code", parse_provider("anthropic"), workspace, state, env,
-               upstream=UpstreamOverride(address, str(ca_pem)))
+    run = _run(
+        "claude-code",
+        parse_provider("anthropic"),
+        workspace,
+        state,
+        env,
+        upstream=UpstreamOverride(address, str(ca_pem)),
+    )
     assert (workspace / "made.txt").read_text(encoding="utf-8") == "made-by-agent\n", (
-        run.result, seen.paths)
+        run.result,
+        seen.paths,
+    )
     calls = [h for h, p in zip(seen.headers, seen.paths, strict=True) if p.endswith("/v1/messages")]
     assert calls and all(h.get("x-api-key") == key for h in calls)
     assert all(h.get("host", "").startswith("api.anthropic.com") for h in calls)

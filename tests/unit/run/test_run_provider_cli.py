@@ -29,7 +29,9 @@ Write done.txt.
 SYNTHETIC_DEFAULT = MISSION.replace('provider = "anthropic"\n', "")
 
 
-def _corral(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _corral(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
     return subprocess.run(
         [sys.executable, "-m", "corral", *args],
@@ -53,7 +55,12 @@ def _mission(tmp_path: Path, text: str) -> Path:
     [
         ["--provider", "anthropic"],
         ["--provider", "openai-compatible:http://127.0.0.1:9/v1", "--provider-key", "env:NOPE_KEY"],
-        ["--provider", "anthropic-compatible:http://127.0.0.1:9", "--provider-key", "file:/nonexistent/k"],
+        [
+            "--provider",
+            "anthropic-compatible:http://127.0.0.1:9",
+            "--provider-key",
+            "file:/nonexistent/k",
+        ],
     ],
 )
 def test_missing_key_is_exit_2_one_line_and_no_run(tmp_path: Path, args: list[str]) -> None:
@@ -103,7 +110,11 @@ def test_mission_provider_key_stays_with_its_own_provider(tmp_path: Path) -> Non
     # Another server named on the command line does not get the file's key.
     assert load_mission(path, "anthropic-compatible:http://10.0.0.9:4000").provider.key is None
     with pytest.raises(Exception, match="provider_key"):
-        load_mission(_mission(tmp_path, MISSION.replace('"anthropic"', '"anthropic"\nprovider_key = "env:X"')))
+        load_mission(
+            _mission(
+                tmp_path, MISSION.replace('"anthropic"', '"anthropic"\nprovider_key = "env:X"')
+            )
+        )
 
 
 def test_key_present_creates_the_run(tmp_path: Path) -> None:
@@ -131,7 +142,9 @@ def test_missing_key_with_a_scenario_present_leaves_no_failed_run(tmp_path: Path
     _mission(tmp_path, SYNTHETIC_DEFAULT)
     (tmp_path / "scenario.yaml").write_text("turns: []\n", encoding="utf-8")
     runs = tmp_path / "runs"
-    done = _corral(tmp_path, "run", "MISSION.md", "--runs-dir", str(runs), "--provider", "anthropic")
+    done = _corral(
+        tmp_path, "run", "MISSION.md", "--runs-dir", str(runs), "--provider", "anthropic"
+    )
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert done.stderr.strip() == (
         "corral run: --provider anthropic needs $ANTHROPIC_API_KEY in corral's environment"
