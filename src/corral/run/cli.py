@@ -29,7 +29,7 @@ def _fail(cmd: str, message: str, code: int) -> typer.Exit:
 
 
 def _drive(cmd: str, layout_root: Path, plain: bool) -> None:
-    from corral.errors import CorralError, LayerUnavailableError
+    from corral.errors import CorralError, LayerUnavailableError, UsageError
     from corral.run.coordinator import Coordinator
     from corral.run.environments import RunLayout
     from corral.run.progress import PlainProgress, make_progress
@@ -44,6 +44,8 @@ def _drive(cmd: str, layout_root: Path, plain: bool) -> None:
     except LayerUnavailableError as exc:
         # The mission's backend (or a layer it needs) is missing: refused, as in corral exec.
         raise _fail(cmd, f"refused: {exc}", 125) from exc
+    except UsageError as exc:
+        raise _fail(cmd, str(exc), 2) from exc
     except CorralError as exc:
         raise _fail(cmd, str(exc), 1) from exc
     finally:

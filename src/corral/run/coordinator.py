@@ -298,6 +298,9 @@ class Coordinator:
 
         Raises RunLockedError if another coordinator drives this run.
         """
+        # A key that went missing since `corral run` is bad input for `resume`:
+        # refused before the run is touched, so it is not marked failed.
+        route_secret_env(provider_choice(self.provider_ref), os.environ)
         become_subreaper()
         lock = RunLock(self.layout.root)
         lock.acquire(wait_s=3.0)
@@ -310,7 +313,8 @@ class Coordinator:
                 # State is durable: record why, so `status` shows it; `resume` may retry.
                 with contextlib.suppress(Exception):
                     store.mark_interrupted()
-                    self._finish(store, "failed", f"corral error: {exc!r}"[:500])
+                    why = str(exc) if isinstance(exc, CorralError) else repr(exc)
+                    self._finish(store, "failed", f"corral error: {why}"[:500])
                 if isinstance(exc, CorralError):
                     raise
                 raise CorralError(f"the run failed: {exc!r}") from exc

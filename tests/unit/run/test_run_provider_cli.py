@@ -151,3 +151,24 @@ def test_missing_key_with_a_scenario_present_leaves_no_failed_run(tmp_path: Path
     )
     status = _corral(tmp_path, "status", "--runs-dir", str(runs), "--json")
     assert status.stdout.strip() == ""
+
+
+def test_resume_without_the_key_is_exit_2_and_the_run_stays_resumable(tmp_path: Path) -> None:
+    from corral.run.coordinator import create_run
+    from corral.run.store import Store
+
+    path = _mission(tmp_path, SYNTHETIC_DEFAULT)
+    m = load_mission(path, "anthropic-compatible:http://127.0.0.1:9", "env:PROV_RESUME_KEY")
+    os.environ["PROV_RESUME_KEY"] = "k-456"
+    try:
+        layout = create_run(m, tmp_path / "runs", run_id="r2")
+    finally:
+        del os.environ["PROV_RESUME_KEY"]
+    done = _corral(tmp_path, "resume", "r2", "--runs-dir", str(tmp_path / "runs"), "--plain")
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.strip() == (
+        "corral resume: provider key env:PROV_RESUME_KEY: "
+        "$PROV_RESUME_KEY is not set in corral's environment"
+    )
+    with Store(layout.state, readonly=True) as store:
+        assert store.run().state != "failed"
