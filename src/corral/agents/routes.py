@@ -177,10 +177,10 @@ def check_compatible(choice: ProviderChoice, agent: str, wire: WireApi) -> None:
     if choice.kind == "synthetic":
         return
     if _WIRE[choice.kind] != wire:
-        fitting = next(k for k, w in _WIRE.items() if w == wire)
+        fitting = [k + ":URL" if k in COMPATIBLE else k for k, w in _WIRE.items() if w == wire]
         raise UsageError(
             f"{agent} speaks the {wire} API, which {choice.kind} does not serve; "
-            f"use --provider {fitting} or synthetic:FILE"
+            f"use --provider {', '.join(fitting)} or synthetic:FILE"
         )
 
 

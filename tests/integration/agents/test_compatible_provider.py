@@ -222,3 +222,28 @@ def test_real_anthropic_offline(
     _assert_key_confined(run, workspace, key)
     routes = json.loads((run.state_dir / "routes.json").read_text(encoding="utf-8"))
     assert routes["routes"]["anthropic"]["upstream"] == "https://api.anthropic.com"
+
+
+def test_real_anthropic_offline_refuses_an_upstream_it_cannot_verify(
+    serve: Starter, workspace: Path, state: Path, tmp_path: Path
+) -> None:
+    """Control for the test above: without the test CA the broker's TLS check refuses it."""
+    key = "sk-ant-api03-" + secrets.token_hex(16)
+    octets = (secrets.randbelow(200) + 20, secrets.randbelow(250) + 1, secrets.randbelow(250) + 1)
+    address = "127.{}.{}.{}".format(*octets)
+    _, ctx = _test_ca(tmp_path, "api.anthropic.com", address)
+    seen = Upstream()
+    serve(seen, host=address, port=443, ctx=ctx)
+    env = {**os.environ, "ANTHROPIC_API_KEY": key}
+    run = _run(
+        "claude-code",
+        parse_provider("anthropic"),
+        workspace,
+        state,
+        env,
+        upstream=UpstreamOverride(address, None),
+    )
+    assert run.result.status == "failed", run.result
+    assert not (workspace / "made.txt").exists()
+    # The handshake failed before any request: the key never left the broker.
+    assert seen.paths == []
