@@ -40,9 +40,16 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--provider",
                 "-p",
-                help="synthetic:SCENARIO.yaml, anthropic, openai or gemini.",
+                help="synthetic:SCENARIO.yaml, anthropic, openai, gemini, "
+                "anthropic-compatible:URL or openai-compatible:URL.",
             ),
         ] = "anthropic",
+        provider_key: Annotated[
+            str | None,
+            typer.Option(
+                "--provider-key", help="A compatible provider's key: env:NAME or file:/PATH."
+            ),
+        ] = None,
         mcp: Annotated[
             Path | None,
             typer.Option("--mcp", help="MCP policy file (servers, tools, argument rules)."),
@@ -86,6 +93,9 @@ def register(app: typer.Typer) -> None:
         if not text:
             raise _fail("the prompt is empty (give it after `--`)", 2)
         try:
+            from corral.agents.routes import parse_provider
+
+            choice = parse_provider(provider, provider_key)
             policy = None
             if mcp is not None:
                 from corral.agents.mcp_policy import load_mcp_policy
@@ -116,7 +126,7 @@ def register(app: typer.Typer) -> None:
                 agent,
                 text,
                 workspace=workspace,
-                provider=provider,
+                provider=choice,
                 mcp=policy,
                 sandbox=not no_sandbox,
                 timeout_s=timeout,

@@ -47,6 +47,7 @@ from corral.agents.launch import EXIT_REFUSED, SANDBOX_BROKER, finalize, launch_
 from corral.agents.mcp_policy import McpPolicy
 from corral.agents.routes import (
     ProviderChoice,
+    UpstreamOverride,
     check_compatible,
     parse_provider,
     provider_route,
@@ -139,8 +140,14 @@ def run_agent(
     extra_args: Sequence[str] = (),
     request_timeout_s: float = 120.0,
     environ: Mapping[str, str] | None = None,
+    upstream: UpstreamOverride | None = None,
 ) -> AgentRun:
     """Run `prompt` with one agent CLI, unattended; the parsed result.
+
+    `upstream` is a host-side test hook (a Python argument, no flag, nothing
+    the sandbox can reach): the provider route's host resolves to its address
+    and its TLS is verified against its CA bundle, so an e2e test can put a
+    local HTTPS server behind `https://api.anthropic.com`.
 
     Raises UsageError for bad input (unknown agent or provider, a provider
     the CLI cannot speak, a state directory inside the workspace, a real
@@ -196,6 +203,7 @@ def run_agent(
             session=session,
             extra_args=extra_args,
             request_timeout_s=request_timeout_s,
+            upstream=upstream,
         )
     else:
         run = _on_host(
@@ -237,6 +245,7 @@ def _sandboxed(
     session: str,
     extra_args: Sequence[str],
     request_timeout_s: float,
+    upstream: UpstreamOverride | None = None,
 ) -> AgentRun:
     """The session, driven by `corral.run.session` as `corral run` drives its sessions."""
     from corral.broker.actions import Identity
@@ -281,10 +290,13 @@ def _sandboxed(
                 session=session,
             )
 
+        broker = BrokerConfig(routes={choice.route: route})
+        if upstream is not None:
+            broker = upstream.apply(broker, choice.route)
         plan = SessionPlan(
             agent=adapter,
             request=request,
-            broker=BrokerConfig(routes={choice.route: route}),
+            broker=broker,
             make_spec=make_spec,
             identity=Identity(run=run_id, session=session, env="agent"),
             journal_path=journal_path,

@@ -29,7 +29,7 @@ def _fail(cmd: str, message: str, code: int) -> typer.Exit:
 
 
 def _drive(cmd: str, layout_root: Path, plain: bool) -> None:
-    from corral.errors import CorralError, LayerUnavailableError
+    from corral.errors import CorralError, LayerUnavailableError, UsageError
     from corral.run.coordinator import Coordinator
     from corral.run.environments import RunLayout
     from corral.run.progress import PlainProgress, make_progress
@@ -44,6 +44,8 @@ def _drive(cmd: str, layout_root: Path, plain: bool) -> None:
     except LayerUnavailableError as exc:
         # The mission's backend (or a layer it needs) is missing: refused, as in corral exec.
         raise _fail(cmd, f"refused: {exc}", 125) from exc
+    except UsageError as exc:
+        raise _fail(cmd, str(exc), 2) from exc
     except CorralError as exc:
         raise _fail(cmd, str(exc), 1) from exc
     finally:
@@ -63,7 +65,17 @@ def register(app: typer.Typer) -> None:
         ] = None,
         provider: Annotated[
             str | None,
-            typer.Option("--provider", help="synthetic[:FILE] | anthropic | openai"),
+            typer.Option(
+                "--provider",
+                help="synthetic[:FILE] | anthropic | openai | anthropic-compatible:URL"
+                " | openai-compatible:URL",
+            ),
+        ] = None,
+        provider_key: Annotated[
+            str | None,
+            typer.Option(
+                "--provider-key", help="a compatible provider's key: env:NAME | file:/PATH"
+            ),
         ] = None,
         runs_dir: Annotated[Path, _RUNS_DIR] = Path(".corral/runs"),
         run_id: Annotated[str | None, typer.Option("--id", help="the run's id")] = None,
@@ -79,10 +91,8 @@ def register(app: typer.Typer) -> None:
             raise _fail("run", f"a run id starts with a letter and has no '/': {run_id!r}", 2)
         try:
             sweep_stale(runs_dir)
-            m = load_mission(mission)
-            if provider == "synthetic":
-                provider = m.settings.provider if m.provider.kind == "synthetic" else None
-            layout = create_run(m, runs_dir, agent=agent, provider=provider, run_id=run_id)
+            m = load_mission(mission, provider, provider_key)
+            layout = create_run(m, runs_dir, agent=agent, run_id=run_id)
         except RunDiskError as exc:
             # The run's disk quota could not be set up: refused, like a missing layer.
             raise _fail("run", f"refused: {exc}", 125) from exc

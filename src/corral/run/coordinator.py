@@ -105,14 +105,25 @@ class RunConfig:
     agent: str
     provider: str
     origin: str
+    provider_key: str | None = None
+    """Where a compatible provider's key is read (`env:NAME`, `file:/path`), never the key."""
 
     def to_json(self) -> str:
-        return json.dumps({"agent": self.agent, "provider": self.provider, "origin": self.origin})
+        d = {"agent": self.agent, "provider": self.provider, "origin": self.origin}
+        if self.provider_key is not None:
+            d["provider_key"] = self.provider_key
+        return json.dumps(d)
 
     @classmethod
     def from_json(cls, text: str) -> RunConfig:
         d = json.loads(text)
-        return cls(agent=str(d["agent"]), provider=str(d["provider"]), origin=str(d["origin"]))
+        key = d.get("provider_key")
+        return cls(
+            agent=str(d["agent"]),
+            provider=str(d["provider"]),
+            origin=str(d["origin"]),
+            provider_key=None if key is None else str(key),
+        )
 
 
 def new_run_id(mission_name: str) -> str:
@@ -134,10 +145,12 @@ def create_run(
     run_agent.install(runs_dir / ".probe-tools")
     shutil.rmtree(runs_dir / ".probe-tools", ignore_errors=True)
     try:
-        ref = parse_provider(provider or mission.settings.provider)
+        ref = parse_provider(provider) if provider else mission.provider
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     check_compatible(provider_choice(ref), run_agent.name, run_agent.wire)
+    # A missing key refuses the run before it exists (not a `failed` run later).
+    route_secret_env(provider_choice(ref), os.environ)
     rid = run_id or new_run_id(mission.name)
     layout = RunLayout(runs_dir.absolute() / rid)
     # 0700: a run's workspace, journal and reports are its user's alone.
@@ -157,7 +170,9 @@ def create_run(
     for d in (layout.workspace, layout.transcripts, layout.tools):
         d.mkdir()
     layout.config.write_text(
-        RunConfig(agent=agent_name, provider=str(ref), origin=str(mission.path)).to_json(),
+        RunConfig(
+            agent=agent_name, provider=str(ref), origin=str(mission.path), provider_key=ref.key
+        ).to_json(),
         encoding="utf-8",
     )
     repo = TrustedRepo(layout.git_dir, layout.workspace)
@@ -211,7 +226,7 @@ class Coordinator:
                 for env in ("agent", "product", "verifier")
             }
         self._backends = dict(backends)
-        self.provider_ref = parse_provider(self.config.provider)
+        self.provider_ref = parse_provider(self.config.provider, self.config.provider_key)
         self.run_id = layout.run_id
         self._stop_signal: int | None = None
         self._journal: Journal | None = None
@@ -283,6 +298,9 @@ class Coordinator:
 
         Raises RunLockedError if another coordinator drives this run.
         """
+        # A key that went missing since `corral run` is bad input for `resume`:
+        # refused before the run is touched, so it is not marked failed.
+        route_secret_env(provider_choice(self.provider_ref), os.environ)
         become_subreaper()
         lock = RunLock(self.layout.root)
         lock.acquire(wait_s=3.0)
@@ -295,7 +313,8 @@ class Coordinator:
                 # State is durable: record why, so `status` shows it; `resume` may retry.
                 with contextlib.suppress(Exception):
                     store.mark_interrupted()
-                    self._finish(store, "failed", f"corral error: {exc!r}"[:500])
+                    why = str(exc) if isinstance(exc, CorralError) else repr(exc)
+                    self._finish(store, "failed", f"corral error: {why}"[:500])
                 if isinstance(exc, CorralError):
                     raise
                 raise CorralError(f"the run failed: {exc!r}") from exc

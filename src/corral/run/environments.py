@@ -158,7 +158,7 @@ def provider_base_url() -> str:
 
 def provider_choice(provider: ProviderRef) -> ProviderChoice:
     """The mission's provider as `corral.agents` names it (routes, keys, wire checks)."""
-    return ProviderChoice(provider.kind, provider.scenario)
+    return ProviderChoice(provider.kind, provider.scenario, provider.url, provider.key)
 
 
 def agent_request(

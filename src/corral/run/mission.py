@@ -24,6 +24,7 @@ here touches the file system except `load_mission`, which reads the file.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import tomllib
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ __all__ = [
     "parse_mission",
     "parse_provider",
     "split_front_matter",
+    "with_provider",
 ]
 
 #: Agents a mission may name. `script` is corral's built-in *test* agent.
@@ -391,6 +393,9 @@ class MissionSettings(BaseModel):
     name: str | None = None
     agent: Literal["script", "claude-code", "codex"] = "script"
     provider: str = "synthetic:scenario.yaml"
+    provider_key: str | None = Field(
+        default=None, description="a compatible provider's key: 'env:NAME' or 'file:/path'"
+    )
     model: str | None = None
     max_sessions: int = Field(default=5, ge=1, le=1000)
     token_budget: int | None = Field(default=None, ge=1, description="run-wide")
@@ -417,6 +422,18 @@ class MissionSettings(BaseModel):
         parse_provider(value)
         return value
 
+    @field_validator("provider_key")
+    @classmethod
+    def _provider_key(cls, value: str | None) -> str | None:
+        if value is not None:
+            from corral.agents.routes import parse_key_ref
+
+            try:
+                parse_key_ref(value)
+            except UsageError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
     @model_validator(mode="after")
     def _http_needs_product(self) -> MissionSettings:
         if self.product is None and any(c.http for c in self.checks):
@@ -425,29 +442,50 @@ class MissionSettings(BaseModel):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"duplicate check names: {dupes}")
+        parse_provider(self.provider, self.provider_key)
         return self
 
 
 @dataclass(frozen=True, slots=True)
 class ProviderRef:
-    """`synthetic:FILE`, `anthropic` or `openai`."""
+    """`synthetic:FILE`, `anthropic`, `openai` or `{anthropic,openai}-compatible:URL`."""
 
-    kind: Literal["synthetic", "anthropic", "openai"]
+    kind: Literal["synthetic", "anthropic", "openai", "anthropic-compatible", "openai-compatible"]
     scenario: str | None = None
+    url: str | None = None
+    key: str | None = None
+    """A compatible provider's key source (`env:NAME`, `file:/path`), kept beside, not in, str()."""
 
     def __str__(self) -> str:
-        return f"synthetic:{self.scenario}" if self.kind == "synthetic" else self.kind
+        if self.kind == "synthetic":
+            return f"synthetic:{self.scenario}"
+        return f"{self.kind}:{self.url}" if self.url is not None else self.kind
 
 
-def parse_provider(text: str) -> ProviderRef:
-    """Parse a provider setting; raises ValueError."""
+def parse_provider(text: str, key: str | None = None) -> ProviderRef:
+    """Parse a provider setting (and a compatible provider's key source); raises ValueError."""
+    for kind in ("anthropic-compatible", "openai-compatible"):
+        if text.startswith(kind + ":"):
+            from corral.agents.routes import compatible_url, parse_key_ref
+
+            try:
+                url = compatible_url(text[len(kind) + 1 :])
+                ref = None if key is None else parse_key_ref(key)
+            except UsageError as exc:
+                raise ValueError(str(exc)) from None
+            return ProviderRef(kind, url=url, key=ref)
+    if key is not None:
+        raise ValueError("provider_key is for anthropic-compatible:URL or openai-compatible:URL")
     if text in ("anthropic", "openai"):
         return ProviderRef(text)  # type: ignore[arg-type]
     if text.startswith("synthetic:") and len(text) > len("synthetic:"):
         return ProviderRef("synthetic", text[len("synthetic:") :])
     if text == "synthetic":
         return ProviderRef("synthetic", "scenario.yaml")
-    raise ValueError(f"provider is 'synthetic:FILE', 'anthropic' or 'openai', not {text!r}")
+    raise ValueError(
+        "provider is 'synthetic:FILE', 'anthropic', 'openai', 'anthropic-compatible:URL' "
+        f"or 'openai-compatible:URL', not {text!r}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -471,7 +509,7 @@ class Mission:
 
     @property
     def provider(self) -> ProviderRef:
-        return parse_provider(self.settings.provider)
+        return parse_provider(self.settings.provider, self.settings.provider_key)
 
     def resolve(self, relative: str) -> Path:
         """A path from the front matter, relative to the mission file."""
@@ -600,8 +638,33 @@ def parse_mission(text: str, path: str | Path = "MISSION.md") -> Mission:
     return Mission(settings=settings, description=body, path=Path(path), text=text)
 
 
-def load_mission(path: str | Path) -> Mission:
-    """Read and validate a mission file (see `parse_mission`)."""
+def with_provider(mission: Mission, provider: str | None, key: str | None = None) -> Mission:
+    """`mission` with `--provider`/`--provider-key` in place of its own; ConfigError if bad.
+
+    The file's `provider_key` only goes with the file's own provider (a key
+    meant for one server is not sent to another named on the command line).
+    """
+    own = mission.settings.provider
+    if provider is None or (provider == "synthetic" and own.startswith("synthetic")):
+        provider = own
+    if key is None and provider == mission.settings.provider:
+        key = mission.settings.provider_key
+    try:
+        parse_provider(provider, key)
+    except ValueError as exc:
+        raise ConfigError(f"{mission.path}: provider {provider!r}: {exc}") from None
+    settings = mission.settings.model_copy(update={"provider": provider, "provider_key": key})
+    return dataclasses.replace(mission, settings=settings)
+
+
+def load_mission(
+    path: str | Path, provider: str | None = None, provider_key: str | None = None
+) -> Mission:
+    """Read and validate a mission file (see `parse_mission`).
+
+    `provider` (`--provider`) replaces the file's before anything is checked
+    against it, so a mission without a scenario runs with a real provider.
+    """
     p = Path(path).absolute()
     try:
         text = p.read_text(encoding="utf-8")
@@ -610,6 +673,8 @@ def load_mission(path: str | Path) -> Mission:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{p}: the mission is not UTF-8 text") from exc
     mission = parse_mission(text, p)
+    if provider is not None or provider_key is not None:
+        mission = with_provider(mission, provider, provider_key)
     scen = mission.scenario_path
     if scen is not None and not scen.is_file():
         raise ConfigError(f"{p}: provider scenario {scen} does not exist")
