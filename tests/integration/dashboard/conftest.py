@@ -86,3 +86,15 @@ def browser() -> Iterator[Any]:
             yield b
         finally:
             b.close()
+
+
+def until(page: Any, expression: str, timeout_s: float = 20.0) -> None:
+    """Poll `expression` in the page (the CSP forbids the eval `wait_for_function` uses)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if page.evaluate(expression):
+            return
+        page.wait_for_timeout(100)
+    raise AssertionError(f"timed out waiting for {expression}")

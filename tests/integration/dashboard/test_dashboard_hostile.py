@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from corral.run.store import Store
-from tests.integration.dashboard.conftest import SHOTS, Dashboard
+from tests.integration.dashboard.conftest import SHOTS, Dashboard, until
 from tests.integration.dashboard.hostile import (
     CHECK_OUTPUT,
     INJECTED_IDS,
@@ -83,7 +83,7 @@ def test_hostile_run_renders_as_text(tmp_path: Path, dashboard: Any, browser: An
     page, dialogs, requests = _open(browser, d)
     assert page.locator("#runs").inner_text().count("hostile") == 1
     page.goto(d.origin + "/run/hostile")
-    page.wait_for_function("document.getElementById('live').dataset.updates >= '1'")
+    until(page, "document.getElementById('live').dataset.updates >= '1'")
     page.wait_for_timeout(300)
     for ident in INJECTED_IDS:
         assert page.locator(f"#{ident}").count() == 0, f"{ident} was injected"
@@ -195,7 +195,7 @@ def test_cross_site_posts_change_nothing(tmp_path: Path, dashboard: Any, browser
     assert _state(runs) == "created", "a cross-site request stopped the run"
     # The dashboard's own button does it.
     page.locator("form[action$='/stop'] button").click()
-    page.wait_for_function("document.getElementById('message').textContent !== ''")
+    until(page, "document.getElementById('message').textContent !== ''")
     assert page.locator("#message").inner_text() == "run is stopped"
     assert _state(runs) == "stopped"
 
