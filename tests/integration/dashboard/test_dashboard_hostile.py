@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from corral.broker.actions import Observation
+from corral.broker.journal import Journal
 from corral.run.store import Store
 from tests.integration.dashboard.conftest import SHOTS, Dashboard, until
 from tests.integration.dashboard.hostile import (
@@ -26,6 +28,8 @@ from tests.integration.dashboard.hostile import (
 )
 
 pytestmark = [pytest.mark.requires_chromium, pytest.mark.timeout(60)]
+
+LIVE_TARGET = '<img id="inj-live" src=x onerror="window.__xss=6;alert(6)">'
 
 HEADERS = {
     "content-security-policy": (
@@ -101,6 +105,18 @@ def test_hostile_run_renders_as_text(tmp_path: Path, dashboard: Any, browser: An
     assert "deny" in rows[0] and "allow" in rows[1]
     # The resource plot is an image from the dashboard, not inline markup.
     assert page.locator("img#plot").evaluate("i => i.naturalWidth") > 0
+    # A row the journal gains while the page is open arrives over the event stream.
+    with Journal(runs / "hostile" / "journal.sqlite") as j:
+        j.append(
+            Observation(
+                run="hostile", session="1", env="agent", kind="http_request", target=LIVE_TARGET,
+                decision="deny", rule="r", reason="live",
+            )
+        )
+    until(page, "document.querySelectorAll('#journal-rows tr.live').length === 1")
+    assert page.locator("#inj-live").count() == 0
+    assert LIVE_TARGET in page.inner_text("#journal-rows tr.live")
+    assert page.evaluate("typeof window.__xss") == "undefined" and dialogs == []
     assert all(u.startswith(d.origin + "/") for u in requests), requests
     page.screenshot(path=str(SHOTS / "dashboard-hostile-run.png"), full_page=True)
 
