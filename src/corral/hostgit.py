@@ -395,7 +395,7 @@ class TrustedRepo:
             cut = False
             try:
                 while got <= max_bytes:
-                    chunk = proc.stdout.read1(min(65536, max_bytes + 1 - got))
+                    chunk = os.read(proc.stdout.fileno(), min(65536, max_bytes + 1 - got))
                     if not chunk:
                         break
                     chunks.append(chunk)

@@ -65,7 +65,9 @@ def serve(runs_dir: Path, port: int, host: str = "127.0.0.1") -> None:
 def register(app: typer.Typer) -> None:
     @app.command()
     def dashboard(
-        port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (0: any free one).")] = DEFAULT_PORT,
+        port: Annotated[
+            int, typer.Option(help="Port on 127.0.0.1 (0: any free one).")
+        ] = DEFAULT_PORT,
         runs_dir: Annotated[Path, typer.Option(help="Where the runs are.")] = Path(".corral/runs"),
         host: Annotated[str, typer.Option(help="Only 127.0.0.1 is accepted.")] = "127.0.0.1",
     ) -> None:

@@ -246,9 +246,7 @@ def session_checks(layout: RunLayout, n: int) -> list[CheckView]:
             " substr(output,1,?) FROM checks WHERE session = ? ORDER BY name LIMIT 200",
             (MAX_TEXT, MAX_OUTPUT, n),
         ).fetchall()
-    return [
-        CheckView(str(r[0]), bool(r[1]), str(r[2]), r[3], float(r[4]), str(r[5])) for r in rows
-    ]
+    return [CheckView(str(r[0]), bool(r[1]), str(r[2]), r[3], float(r[4]), str(r[5])) for r in rows]
 
 
 def session_prompt(layout: RunLayout, n: int) -> str:

@@ -102,9 +102,10 @@ def check_request(request: web.Request, auth: Auth, *, csrf: str | None = None) 
     origin = own_origin(request)
     if origin is None:
         return "wrong Host"
-    if not (_same(request.cookies.get(COOKIE), auth.token) or _same(
-        request.query.get("token"), auth.token
-    )):
+    if not (
+        _same(request.cookies.get(COOKIE), auth.token)
+        or _same(request.query.get("token"), auth.token)
+    ):
         return "no valid token"
     upgrade = request.headers.get("Upgrade", "").lower() == "websocket"
     if (request.method not in ("GET", "HEAD") or upgrade) and request.headers.get(

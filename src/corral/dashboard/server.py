@@ -27,6 +27,7 @@ from corral.dashboard.security import (
     stamp_headers,
 )
 from corral.errors import CorralError, UsageError
+from corral.run.environments import RunLayout
 
 __all__ = ["AUTOESCAPE", "RUNS_DIR_KEY", "VIEWER_ROUTE", "create_app"]
 
@@ -38,9 +39,9 @@ AUTOESCAPE: Final = True
 VIEWER_ROUTE: Final = "viewer"
 
 RUNS_DIR_KEY: Final = web.AppKey("corral_dashboard_runs_dir", Path)
-_JINJA_KEY: Final = web.AppKey("corral_dashboard_jinja", object)
-_STREAMS_KEY: Final = web.AppKey("corral_dashboard_streams", list)
-_PLOTS_KEY: Final = web.AppKey("corral_dashboard_plots", dict)
+_JINJA_KEY: Final = web.AppKey[Any]("corral_dashboard_jinja")
+_STREAMS_KEY: Final = web.AppKey[set[asyncio.Task[Any]]]("corral_dashboard_streams")
+_PLOTS_KEY: Final = web.AppKey[dict[str, tuple[tuple[int, int], bytes]]]("corral_dashboard_plots")
 
 _HERE: Final = Path(__file__).parent
 MAX_STREAMS: Final = 16
@@ -60,11 +61,11 @@ def _jinja() -> Any:
 
 def _render(request: web.Request, name: str, status: int = 200, **ctx: Any) -> web.Response:
     env = request.app[_JINJA_KEY]
-    html = env.get_template(name).render(csrf=request.app[AUTH_KEY].csrf, **ctx)  # type: ignore[attr-defined]
+    html = env.get_template(name).render(csrf=request.app[AUTH_KEY].csrf, **ctx)
     return web.Response(text=html, status=status, content_type="text/html", charset="utf-8")
 
 
-def _layout(request: web.Request) -> data.RunLayout:
+def _layout(request: web.Request) -> RunLayout:
     layout = data.run_layout(request.app[RUNS_DIR_KEY], request.match_info["run"])
     if layout is None:
         raise web.HTTPNotFound(text="404: no such run\n")
@@ -80,7 +81,7 @@ async def _runs(request: web.Request) -> web.Response:
     return _render(request, "runs.html", runs=runs, mib=_mib)
 
 
-def _run_context(layout: data.RunLayout, decision: str, diff_n: int | None) -> dict[str, Any]:
+def _run_context(layout: RunLayout, decision: str, diff_n: int | None) -> dict[str, Any]:
     summary = data.run_summary(layout)
     sessions = data.session_views(layout)
     chosen = diff_n if diff_n is not None else (sessions[-1].n if sessions else 0)
@@ -114,7 +115,7 @@ async def _run(request: web.Request) -> web.Response:
     return _render(request, "run.html", mib=_mib, viewer_url=viewer_url, **ctx)
 
 
-def _plot_svg(layout: data.RunLayout, cache: dict[str, tuple[tuple[int, int], bytes]]) -> bytes:
+def _plot_svg(layout: RunLayout, cache: dict[str, tuple[tuple[int, int], bytes]]) -> bytes:
     from corral.run.plot import render_svg
     from corral.run.watchdog import read_samples
 
@@ -146,7 +147,7 @@ async def _plot(request: web.Request) -> web.Response:
     return web.Response(body=svg, content_type="image/svg+xml")
 
 
-def _snapshot(layout: data.RunLayout, after: int) -> dict[str, Any]:
+def _snapshot(layout: RunLayout, after: int) -> dict[str, Any]:
     summary = data.run_summary(layout)
     rows = data.journal_rows(layout, after_id=after, limit=MAX_EVENT_ROWS)
     rows.sort(key=lambda r: r.id)
@@ -156,7 +157,12 @@ def _snapshot(layout: data.RunLayout, after: int) -> dict[str, Any]:
         "checks": f"{summary.checks_passed}/{summary.checks_total}",
         "peak": _mib(summary.peak_memory),
         "sessions_detail": [
-            {"n": s.n, "state": s.state, "phase": s.phase, "checks": f"{s.checks_passed}/{s.checks_total}"}
+            {
+                "n": s.n,
+                "state": s.state,
+                "phase": s.phase,
+                "checks": f"{s.checks_passed}/{s.checks_total}",
+            }
             for s in data.session_views(layout)
         ],
         "journal": [r.to_json() for r in rows],
@@ -172,7 +178,9 @@ async def _events(request: web.Request) -> web.StreamResponse:
     raw = request.query.get("after", "0")
     after = int(raw) if raw.isdigit() and len(raw) < 12 else 0
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    streams.append(resp)
+    task = asyncio.current_task()
+    assert task is not None
+    streams.add(task)
     try:
         await resp.prepare(request)
         last = ""
@@ -183,7 +191,7 @@ async def _events(request: web.Request) -> web.StreamResponse:
                 snap = None
             if snap is not None:
                 if snap["journal"]:
-                    after = max(after, max(int(r["id"]) for r in snap["journal"]))
+                    after = max([after, *(int(r["id"]) for r in snap["journal"])])
                 # ensure_ascii: the stream is one line of ASCII per event whatever a run wrote.
                 text = json.dumps(snap, ensure_ascii=True, separators=(",", ":"))
                 if text != last or snap["journal"]:
@@ -193,11 +201,11 @@ async def _events(request: web.Request) -> web.StreamResponse:
     except (ConnectionResetError, asyncio.CancelledError):
         pass
     finally:
-        streams.remove(resp)
+        streams.discard(task)
     return resp
 
 
-def _act(layout: data.RunLayout, action: str) -> str:
+def _act(layout: RunLayout, action: str) -> str:
     match action:
         case "stop":
             from corral.run.control import stop_run
@@ -244,7 +252,7 @@ def create_app(
     app[AUTH_KEY] = Auth.new(token)
     app[RUNS_DIR_KEY] = runs_dir.absolute()
     app[_JINJA_KEY] = _jinja()
-    app[_STREAMS_KEY] = []
+    app[_STREAMS_KEY] = set()
     app[_PLOTS_KEY] = {}
     app.on_response_prepare.append(stamp_headers)
     app.router.add_get("/", _runs, name="runs")
@@ -257,10 +265,10 @@ def create_app(
         extend(app)
 
     async def _close_streams(app: web.Application) -> None:
-        for resp in list(app[_STREAMS_KEY]):
-            task = getattr(resp, "task", None)
-            if task is not None:
-                task.cancel()
+        # An event stream never ends by itself; shutdown would wait on it.
+        tasks: set[asyncio.Task[Any]] = app[_STREAMS_KEY]
+        for task in tuple(tasks):
+            task.cancel()
 
     app.on_shutdown.append(_close_streams)
     return app

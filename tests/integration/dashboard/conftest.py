@@ -98,3 +98,13 @@ def until(page: Any, expression: str, timeout_s: float = 20.0) -> None:
             return
         page.wait_for_timeout(100)
     raise AssertionError(f"timed out waiting for {expression}")
+
+
+def record_dialog(into: list[str]) -> Any:
+    """A `dialog` handler that notes the message and dismisses the dialog."""
+
+    def _on(dialog: Any) -> None:
+        into.append(str(dialog.message))
+        dialog.dismiss()
+
+    return _on

@@ -41,10 +41,10 @@ def hostile_run(runs: Path, run_id: str = "hostile") -> Path:
         )
         store.update_run(base_commit=base, last_commit=head, peak_memory=42 << 20)
         store.begin_session(1)
-        store.record_checks(
-            1, [CheckResult("ui", False, "exit 1", 1, 0.5, CHECK_OUTPUT)]
+        store.record_checks(1, [CheckResult("ui", False, "exit 1", 1, 0.5, CHECK_OUTPUT)])
+        store.end_session(
+            1, state="done", end_reason="agent done", commit_sha=head, summary=SUMMARY
         )
-        store.end_session(1, state="done", end_reason="agent done", commit_sha=head, summary=SUMMARY)
         store.update_run(state="exhausted", end_reason="out of sessions")
     (root / "sessions" / "session-1").mkdir(parents=True)
     (root / "sessions" / "session-1" / "prompt.md").write_text("Session 1 of 3\n" + SUMMARY)

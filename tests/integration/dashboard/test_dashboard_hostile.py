@@ -17,7 +17,7 @@ import pytest
 from corral.broker.actions import Observation
 from corral.broker.journal import Journal
 from corral.run.store import Store
-from tests.integration.dashboard.conftest import SHOTS, Dashboard, until
+from tests.integration.dashboard.conftest import SHOTS, Dashboard, record_dialog, until
 from tests.integration.dashboard.hostile import (
     CHECK_OUTPUT,
     INJECTED_IDS,
@@ -71,7 +71,7 @@ def _open(browser: Any, d: Dashboard, path: str = "/") -> tuple[Any, list[str], 
     page = ctx.new_page()
     dialogs: list[str] = []
     requests: list[str] = []
-    page.on("dialog", lambda dlg: (dialogs.append(dlg.message), dlg.dismiss()))
+    page.on("dialog", record_dialog(dialogs))
     page.on("request", lambda r: requests.append(r.url))
     page.goto(d.url)
     assert page.url == d.origin + "/", "the token stayed in the address bar"
@@ -109,8 +109,14 @@ def test_hostile_run_renders_as_text(tmp_path: Path, dashboard: Any, browser: An
     with Journal(runs / "hostile" / "journal.sqlite") as j:
         j.append(
             Observation(
-                run="hostile", session="1", env="agent", kind="http_request", target=LIVE_TARGET,
-                decision="deny", rule="r", reason="live",
+                run="hostile",
+                session="1",
+                env="agent",
+                kind="http_request",
+                target=LIVE_TARGET,
+                decision="deny",
+                rule="r",
+                reason="live",
             )
         )
     until(page, "document.querySelectorAll('#journal-rows tr.live').length === 1")
@@ -144,8 +150,14 @@ def test_no_token_wrong_token_wrong_host(tmp_path: Path, dashboard: Any) -> None
     assert f"corral_dash={d.token}" in set_cookie
     assert "HttpOnly" in set_cookie and re.search(r"SameSite=Strict", set_cookie)
     _assert_headers(first)
-    for path, status in (("/", 200), ("/run/hostile", 200), ("/static/dash.css", 200),
-                         ("/nowhere", 404), ("/run/nope", 404), ("/run/hostile/footprint.svg", 200)):
+    for path, status in (
+        ("/", 200),
+        ("/run/hostile", 200),
+        ("/static/dash.css", 200),
+        ("/nowhere", 404),
+        ("/run/nope", 404),
+        ("/run/hostile/footprint.svg", 200),
+    ):
         resp = _request(d, "GET", path, headers=cookie)
         assert resp.status == status, path
         _assert_headers(resp)
@@ -153,8 +165,12 @@ def test_no_token_wrong_token_wrong_host(tmp_path: Path, dashboard: Any) -> None
         d,
         "GET",
         "/run/hostile/events",
-        headers={**cookie, "Upgrade": "websocket", "Connection": "Upgrade",
-                 "Origin": "http://evil.example"},
+        headers={
+            **cookie,
+            "Upgrade": "websocket",
+            "Connection": "Upgrade",
+            "Origin": "http://evil.example",
+        },
     )
     assert ws.status == 403
     _assert_headers(ws)
@@ -165,7 +181,11 @@ def _created_run(runs: Path) -> None:
     root.mkdir(parents=True)
     with Store(root / "state.sqlite") as store:
         store.create_run(
-            "idle", mission="m", agent="script", provider="synthetic", max_sessions=1,
+            "idle",
+            mission="m",
+            agent="script",
+            provider="synthetic",
+            max_sessions=1,
             memory_cap=1 << 30,
         )
 
@@ -179,7 +199,10 @@ def test_cross_site_posts_change_nothing(tmp_path: Path, dashboard: Any, browser
     runs = tmp_path / "runs"
     _created_run(runs)
     d = dashboard(runs)
-    cookie = {"Cookie": f"corral_dash={d.token}", "Content-Type": "application/x-www-form-urlencoded"}
+    cookie = {
+        "Cookie": f"corral_dash={d.token}",
+        "Content-Type": "application/x-www-form-urlencoded",
+    }
     page, _, _ = _open(browser, d, "/run/idle")
     csrf = page.locator("form.action input[name=csrf]").first.get_attribute("value")
     assert csrf
@@ -190,7 +213,9 @@ def test_cross_site_posts_change_nothing(tmp_path: Path, dashboard: Any, browser
         {"Origin": f"http://127.0.0.1:{d.port + 1}"},
     ]
     for extra in attempts:
-        resp = _request(d, "POST", "/run/idle/stop", headers={**cookie, **extra}, body=f"csrf={csrf}")
+        resp = _request(
+            d, "POST", "/run/idle/stop", headers={**cookie, **extra}, body=f"csrf={csrf}"
+        )
         assert resp.status == 403, extra
         _assert_headers(resp)
     for body in ("", "csrf=wrong", "csrf=" + d.token):

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.dashboard.conftest import SHOTS, until
+from tests.integration.dashboard.conftest import SHOTS, record_dialog, until
 from tests.integration.run.helpers import new_id, sessions, start_corral, wait_for, write_mission
 
 pytestmark = [
@@ -24,15 +24,16 @@ def test_run_page_updates_live(tmp_path: Path, dashboard: Any, browser: Any) -> 
     mission = write_mission(tmp_path / "mission", agent_sleep=4, max_sessions=3)
     runs = tmp_path / "runs"
     rid = new_id()
-    proc = start_corral("run", str(mission), "--plain", "--id", rid, "--runs-dir", str(runs),
-                        cwd=tmp_path)
+    proc = start_corral(
+        "run", str(mission), "--plain", "--id", rid, "--runs-dir", str(runs), cwd=tmp_path
+    )
     try:
         d = dashboard(runs)
         run_dir = runs / rid
         wait_for(lambda: bool(sessions(run_dir)), 60, "session 1 to start")
         page = browser.new_context().new_page()
         dialogs: list[str] = []
-        page.on("dialog", lambda dlg: (dialogs.append(dlg.message), dlg.dismiss()))
+        page.on("dialog", record_dialog(dialogs))
         page.goto(d.url)
         assert rid in page.locator("#runs").inner_text()
         page.goto(f"{d.origin}/run/{rid}")

@@ -53,7 +53,9 @@ async def _scenario(runs: Path) -> None:
             with pytest.raises(aiohttp.WSServerHandshakeError) as exc:
                 await s.ws_connect(f"{origin}/view/ws", headers={"Origin": origin})
             assert exc.value.status == 403
-            async with s.ws_connect(f"{origin}/view/ws", headers={**cookie, "Origin": origin}) as ws:
+            async with s.ws_connect(
+                f"{origin}/view/ws", headers={**cookie, "Origin": origin}
+            ) as ws:
                 assert (await ws.receive_str()) == "frame"
             # The run page links the viewer once an extension names a route for it.
             (runs / "r").mkdir(parents=True)
