@@ -147,7 +147,15 @@ def run_layout(runs_dir: Path, run_id: str) -> RunLayout | None:
     """The run `run_id` directly under `runs_dir`; None for any other name."""
     if not run_id or run_id.startswith(".") or "/" in run_id or "\x00" in run_id:
         return None
+    from corral.run.rundisk import ensure_mounted
+
     root = runs_dir / run_id
+    if not root.is_dir():
+        return None
+    try:
+        ensure_mounted(root)
+    except (CorralError, OSError):
+        return None
     if not (root / "state.sqlite").is_file():
         return None
     return RunLayout(root.absolute())
@@ -190,20 +198,19 @@ def run_summary(layout: RunLayout) -> RunSummary:
 
 
 def list_run_summaries(runs_dir: Path) -> list[RunSummary]:
-    """Every readable run under `runs_dir`, newest first (at most MAX_RUNS)."""
-    if not runs_dir.is_dir():
+    """Every readable run under `runs_dir`, newest first (at most MAX_RUNS).
+
+    Found as `corral status` finds them (`list_runs`, which mounts a run's
+    disk image when it has one and it is not mounted).
+    """
+    from corral.run.control import list_runs
+
+    try:
+        layouts = list_runs(runs_dir)
+    except (CorralError, OSError):
         return []
-    found: list[tuple[float, RunLayout]] = []
-    for d in runs_dir.iterdir():
-        state = d / "state.sqlite"
-        try:
-            if d.is_dir() and state.is_file():
-                found.append((state.stat().st_mtime, RunLayout(d.absolute())))
-        except OSError:
-            continue
-    found.sort(key=lambda t: t[0], reverse=True)
     out: list[RunSummary] = []
-    for _, layout in found[:MAX_RUNS]:
+    for layout in reversed(layouts[-MAX_RUNS:]):
         try:
             out.append(run_summary(layout))
         except CorralError:
