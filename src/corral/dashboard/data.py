@@ -298,7 +298,7 @@ def journal_rows(
     sql = (
         "SELECT id, time, coalesce(session,''), substr(env,1,40), substr(kind,1,40),"
         f" substr(target,1,{MAX_TARGET + 1}), decision, substr(coalesce(rule,''),1,200),"
-        f" substr(reason,1,{MAX_TEXT + 1}) FROM observations WHERE {' AND '.join(where)}"
+        f" substr(reason,1,{MAX_TARGET + 1}) FROM observations WHERE {' AND '.join(where)}"
         " ORDER BY decision = 'deny' DESC, id LIMIT ?"
     )
     args.append(min(limit, MAX_JOURNAL_ROWS))
@@ -314,7 +314,7 @@ def journal_rows(
             target=_clip(r[5], MAX_TARGET),
             decision=str(r[6]),
             rule=str(r[7]),
-            reason=_clip(r[8], MAX_TEXT),
+            reason=_clip(r[8], MAX_TARGET),
         )
         for r in rows
     ]
