@@ -65,8 +65,11 @@ def _render(request: web.Request, name: str, status: int = 200, **ctx: Any) -> w
     return web.Response(text=html, status=status, content_type="text/html", charset="utf-8")
 
 
-def _layout(request: web.Request) -> RunLayout:
-    layout = data.run_layout(request.app[RUNS_DIR_KEY], request.match_info["run"])
+async def _layout(request: web.Request) -> RunLayout:
+    # In a thread: finding a run may mount its disk image (and wait on its lock).
+    layout = await asyncio.to_thread(
+        data.run_layout, request.app[RUNS_DIR_KEY], request.match_info["run"]
+    )
     if layout is None:
         raise web.HTTPNotFound(text="404: no such run\n")
     return layout
@@ -100,7 +103,7 @@ def _run_context(layout: RunLayout, decision: str, diff_n: int | None) -> dict[s
 
 
 async def _run(request: web.Request) -> web.Response:
-    layout = _layout(request)
+    layout = await _layout(request)
     decision = request.query.get("decision", "all")
     if decision not in ("all", "allow", "deny"):
         raise web.HTTPBadRequest(text="400: decision is all, allow or deny\n")
@@ -139,7 +142,7 @@ def _plot_svg(layout: RunLayout, cache: dict[str, tuple[tuple[int, int], bytes]]
 
 
 async def _plot(request: web.Request) -> web.Response:
-    layout = _layout(request)
+    layout = await _layout(request)
     try:
         svg = await asyncio.to_thread(_plot_svg, layout, request.app[_PLOTS_KEY])
     except OSError as exc:
@@ -171,7 +174,7 @@ def _snapshot(layout: RunLayout, after: int) -> dict[str, Any]:
 
 async def _events(request: web.Request) -> web.StreamResponse:
     """Server-sent events: the run's state and new journal rows, polled server-side."""
-    layout = _layout(request)
+    layout = await _layout(request)
     streams = request.app[_STREAMS_KEY]
     if len(streams) >= MAX_STREAMS:
         raise web.HTTPTooManyRequests(text="429: too many live views\n")
@@ -224,7 +227,7 @@ def _act(layout: RunLayout, action: str) -> str:
 
 
 async def _action(request: web.Request) -> web.Response:
-    layout = _layout(request)
+    layout = await _layout(request)
     action = request.match_info["action"]
     if action not in ("stop", "pause", "resume"):
         raise web.HTTPNotFound(text="404: no such action\n")
