@@ -140,3 +140,16 @@ def run_cmd() -> Callable[..., subprocess.CompletedProcess[str]]:
         )
 
     return _run
+
+
+def _chromium() -> str | None:
+    if shutil.which("chromium") is None:
+        return "Debian's chromium is not installed"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "playwright (Python) is not installed"
+    return None
+
+
+PROBES["requires_chromium"] = ("chromium and Playwright (Python) are installed", _chromium)

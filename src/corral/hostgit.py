@@ -362,6 +362,56 @@ class TrustedRepo:
             errors="replace"
         )
 
+    def diff_capped(self, base: str, head: str, max_bytes: int) -> tuple[bytes, bool]:
+        """`git diff BASE HEAD`, at most `max_bytes` of it; (text, whether it was cut).
+
+        The diff of a hostile workspace can be as large as the workspace, so
+        git's output is read in bounded pieces and git is killed at the cap
+        rather than buffered whole.
+        """
+        git = shutil.which("git")
+        if git is None:
+            raise GitError("git is not installed")
+        with tempfile.TemporaryDirectory(prefix="corral-git-home-") as home:
+            env = hardened_env(home)
+            env["GIT_DIR"] = str(self.git_dir)
+            env["GIT_WORK_TREE"] = str(self.work_tree)
+            args = ["diff", "--no-ext-diff", "--no-textconv", "--no-color", base, head, "--"]
+            argv = _joined([git, *_config_args(), *args], env, self.cgroup_procs)
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    env=env,
+                    cwd=str(self.work_tree),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
+            except OSError as exc:
+                raise GitError(f"cannot start git diff: {exc}") from exc
+            assert proc.stdout is not None and proc.stderr is not None
+            chunks: list[bytes] = []
+            got = 0
+            cut = False
+            try:
+                while got <= max_bytes:
+                    chunk = os.read(proc.stdout.fileno(), min(65536, max_bytes + 1 - got))
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    got += len(chunk)
+                if got > max_bytes:
+                    cut = True
+                    proc.kill()
+            finally:
+                proc.stdout.close()
+                stderr = proc.stderr.read(4096)
+                proc.stderr.close()
+                code = proc.wait(timeout=self.budget.timeout_s)
+        if not cut and code != 0:
+            raise GitError(f"git diff failed: {_exit_reason(code, stderr)}")
+        return b"".join(chunks)[:max_bytes], cut
+
     def log(self, max_count: int = 20) -> list[str]:
         out = self.git("log", f"--max-count={max_count}", "--format=%H %s").decode(errors="replace")
         return [line for line in out.splitlines() if line]
