@@ -95,8 +95,11 @@ def create_ca(directory: Path) -> CaFiles:
     private = directory / "key"
     for d in (directory, public, private):
         d.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(d, 0o700)
+    # bwrap binds the bundle as the sandbox's (mapped) user: the path must be
+    # traversable; only the key's directory stays closed.
+    os.chmod(directory, 0o711)
     os.chmod(public, 0o755)
+    os.chmod(private, 0o700)
     key_path = private / "ca.key"
     fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb") as fh:

@@ -71,9 +71,12 @@ def test_method_rule_is_enforced_inside_https(
 ) -> None:
     server = servers({"/": _echo}, tls=test_ca)
     rule = RuleConfig(
-        id="gh-read", host="secure.test", ports=(server.port,), methods=("GET",),
+        id="gh-read",
+        host="secure.test",
+        ports=(server.port,),
+        methods=("GET",),
         allow_private=True,
-    )  # fmt: skip
+    )
     broker = brokers(_config([rule], mitm, test_ca))
     url = f"https://secure.test:{server.port}/repo"
     rc, out, err = _https(mitm, url, proxy=broker.proxy)
@@ -102,9 +105,12 @@ def test_placeholder_swapped_for_bound_host_only(
     bound = servers({"/": _echo}, tls=test_ca)
     other = servers({"/": _echo}, tls=test_ca)
     cred = CredentialConfig(
-        name="github", env="GH_TOKEN", value="env:REAL_GH", hosts=("secure.test",),
+        name="github",
+        env="GH_TOKEN",
+        value="env:REAL_GH",
+        hosts=("secure.test",),
         placeholder=PLACEHOLDER,
-    )  # fmt: skip
+    )
     rules = [
         RuleConfig(host="secure.test", ports=(bound.port,), allow_private=True),
         # A method rule makes other.test intercepted: the broker sees its requests.
@@ -114,12 +120,18 @@ def test_placeholder_swapped_for_bound_host_only(
     ]
     broker = brokers(_config(rules, mitm, test_ca, (cred,)), environ={"REAL_GH": REAL})
     bearer = f"Authorization: Bearer {PLACEHOLDER}"
-    rc, out, err = _https(mitm, "-H", bearer, f"https://secure.test:{bound.port}/api",
-                          proxy=broker.proxy)  # fmt: skip
+    rc, out, err = _https(
+        mitm, "-H", bearer, f"https://secure.test:{bound.port}/api", proxy=broker.proxy
+    )
     assert rc == 0, err
     # git sends the token as Basic user:password.
-    rc2, out2, err2 = _https(mitm, "-u", f"x-access-token:{PLACEHOLDER}",
-                             f"https://secure.test:{bound.port}/git", proxy=broker.proxy)  # fmt: skip
+    rc2, out2, err2 = _https(
+        mitm,
+        "-u",
+        f"x-access-token:{PLACEHOLDER}",
+        f"https://secure.test:{bound.port}/git",
+        proxy=broker.proxy,
+    )
     assert rc2 == 0, err2
     assert [h.headers["authorization"] for h in bound.hits] == [
         f"Bearer {REAL}",
@@ -131,8 +143,9 @@ def test_placeholder_swapped_for_bound_host_only(
         assert base64.b64encode(REAL.encode()).decode() not in text
     assert f"auth=Bearer {PLACEHOLDER}" in out
 
-    rc, out, err = _https(mitm, "-H", bearer, f"https://other.test:{other.port}/steal",
-                          proxy=broker.proxy)  # fmt: skip
+    rc, out, err = _https(
+        mitm, "-H", bearer, f"https://other.test:{other.port}/steal", proxy=broker.proxy
+    )
     assert rc == 0, err
     assert header(out, "X-Corral-Denied") == "exfiltration"
     assert other.hits == []
@@ -141,7 +154,9 @@ def test_placeholder_swapped_for_bound_host_only(
     assert leak.decision == "deny"
     assert leak.target == f"GET https://other.test:{other.port}/steal"
     broker.process.stop()
-    journal = b"".join(p.read_bytes() for p in broker.journal.parent.glob(broker.journal.name + "*"))
+    journal = b"".join(
+        p.read_bytes() for p in broker.journal.parent.glob(broker.journal.name + "*")
+    )
     assert REAL.encode() not in journal
     assert base64.b64encode(f"x-access-token:{REAL}".encode()) not in journal
 
@@ -151,9 +166,12 @@ def test_placeholder_over_plain_http_is_refused(
 ) -> None:
     plain = servers({"/": _echo})
     cred = CredentialConfig(
-        name="github", env="GH_TOKEN", value="env:REAL_GH", hosts=("secure.test",),
+        name="github",
+        env="GH_TOKEN",
+        value="env:REAL_GH",
+        hosts=("secure.test",),
         placeholder=PLACEHOLDER,
-    )  # fmt: skip
+    )
     rules = [RuleConfig(host="other.test", ports=(plain.port,), allow_private=True)]
     broker = brokers(_config(rules, mitm, test_ca, (cred,)), environ={"REAL_GH": REAL})
     out = curl("-i", f"http://other.test:{plain.port}/x?t={PLACEHOLDER}", proxy=broker.proxy)
@@ -171,9 +189,12 @@ def test_host_header_must_match_connect_target(
     ]
     broker = brokers(_config(rules, mitm, test_ca))
     rc, out, err = _https(
-        mitm, "-H", f"Host: other.test:{server.port}", f"https://secure.test:{server.port}/front",
+        mitm,
+        "-H",
+        f"Host: other.test:{server.port}",
+        f"https://secure.test:{server.port}/front",
         proxy=broker.proxy,
-    )  # fmt: skip
+    )
     assert rc == 0, err
     assert "421 Misdirected Request" in out
     assert header(out, "X-Corral-Denied") == "host-mismatch"
@@ -202,10 +223,21 @@ def test_alpn_offers_only_http11(
     servers: ServerFactory, brokers: BrokerFactory, test_ca: ThrowawayCA, mitm: CaFiles
 ) -> None:
     server = servers(tls=test_ca)
-    rule = RuleConfig(host="secure.test", ports=(server.port,), methods=("GET",), allow_private=True)
+    rule = RuleConfig(
+        host="secure.test", ports=(server.port,), methods=("GET",), allow_private=True
+    )
     broker = brokers(_config([rule], mitm, test_ca))
-    out = curl("--http2", "-v", "--cacert", str(mitm.cert), f"https://secure.test:{server.port}/h",
-               proxy=broker.proxy)  # fmt: skip
+    out = curl(
+        "--http2",
+        "-v",
+        "--cacert",
+        str(mitm.cert),
+        f"https://secure.test:{server.port}/h",
+        proxy=broker.proxy,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout == "ok GET /h\n"
-    assert "ALPN: server accepted http/1.1" in out.stderr or "ALPN, server accepted to use http/1.1" in out.stderr
+    assert (
+        "ALPN: server accepted http/1.1" in out.stderr
+        or "ALPN, server accepted to use http/1.1" in out.stderr
+    )
