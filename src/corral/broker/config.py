@@ -285,6 +285,14 @@ class TlsConfig(BaseModel):
     ca_bundle: str | None = None
 
 
+#: Variables corral sets in a sandbox itself; a credential may not take them over.
+_CORRAL_ENV = frozenset(
+    {"PATH", "HOME", "TMPDIR", "USER", "LOGNAME", "SHELL", "LANG", "TERM", "NODE_USE_ENV_PROXY"}
+    | {"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PIP_CERT", "GIT_SSL_CAINFO"}
+    | {"NODE_EXTRA_CA_CERTS", "npm_config_noproxy", "CORRAL_BROKER_URL"}
+)
+
+
 class CredentialConfig(BaseModel):
     """A real secret the sandbox holds only as a placeholder (swapped on `hosts` only).
 
@@ -314,6 +322,8 @@ class CredentialConfig(BaseModel):
     def _env(cls, value: str) -> str:
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", value):
             raise ValueError(f"invalid environment variable name {value!r}")
+        if value in _CORRAL_ENV or value.lower().endswith("_proxy"):
+            raise ValueError(f"env {value} is set by corral")
         return value
 
     @field_validator("value")
