@@ -259,10 +259,12 @@ def test_in_body_swap_and_response_body_scrubbed(
     broker = brokers(_config([rule], mitm, test_ca, (cred,)), environ={"REAL_GH": REAL})
     body = f'{{"token": "{PLACEHOLDER}", "pad": "{"x" * 5000}"}}'
     rc, out, err = _https(
-        mitm, "--data-binary", body, f"https://secure.test:{server.port}/login", proxy=broker.proxy
-    )
+        mitm, "--compressed", "--data-binary", body, f"https://secure.test:{server.port}/login",
+        proxy=broker.proxy,
+    )  # fmt: skip
     assert rc == 0, err
     [hit] = server.hits
+    assert hit.headers["accept-encoding"] == "identity"
     assert hit.body == body.replace(PLACEHOLDER, REAL).encode()
     # The upstream echoed the real value back: the sandbox gets the placeholder.
     assert REAL not in out
