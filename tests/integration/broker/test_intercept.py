@@ -10,6 +10,8 @@ and what the journal holds.
 from __future__ import annotations
 
 import base64
+import socket
+import ssl
 from pathlib import Path
 
 import pytest
@@ -269,3 +271,50 @@ def test_in_body_swap_and_response_body_scrubbed(
     # The upstream echoed the real value back: the sandbox gets the placeholder.
     assert REAL not in out
     assert out.endswith("got " + body)
+
+
+def test_client_hello_sent_with_the_connect_is_not_lost(
+    servers: ServerFactory, brokers: BrokerFactory, test_ca: ThrowawayCA, mitm: CaFiles
+) -> None:
+    import socket
+    import ssl
+
+    server = servers(tls=test_ca)
+    rule = RuleConfig(
+        host="secure.test", ports=(server.port,), methods=("GET",), allow_private=True
+    )
+    broker = brokers(_config([rule], mitm, test_ca))
+    ctx = ssl.create_default_context(cafile=str(mitm.cert))
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ctx.wrap_bio(incoming, outgoing, server_hostname="secure.test")
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    connect = f"CONNECT secure.test:{server.port} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+    with socket.create_connection(("127.0.0.1", broker.port), timeout=10) as sock:
+        # The ClientHello rides in the same write as the CONNECT head.
+        sock.sendall(connect + outgoing.read())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(1)
+        assert head.startswith(b"HTTP/1.1 200")
+        request = f"GET /early HTTP/1.1\r\nHost: secure.test:{server.port}\r\n\r\n".encode()
+        reply = b""
+        sent = False
+        while b"ok GET /early" not in reply:
+            try:
+                if not sent:
+                    tls.do_handshake()
+                    tls.write(request)
+                    sent = True
+                reply += tls.read(65536)
+            except ssl.SSLWantReadError:
+                pass
+            data = outgoing.read()
+            if data:
+                sock.sendall(data)
+            if b"ok GET /early" in reply:
+                break
+            chunk = sock.recv(65536)
+            assert chunk, reply
+            incoming.write(chunk)
+    assert [h.path for h in server.hits] == ["/early"]
