@@ -276,9 +276,6 @@ def test_in_body_swap_and_response_body_scrubbed(
 def test_client_hello_sent_with_the_connect_is_not_lost(
     servers: ServerFactory, brokers: BrokerFactory, test_ca: ThrowawayCA, mitm: CaFiles
 ) -> None:
-    import socket
-    import ssl
-
     server = servers(tls=test_ca)
     rule = RuleConfig(
         host="secure.test", ports=(server.port,), methods=("GET",), allow_private=True
