@@ -9,7 +9,10 @@ Prints figures and ratios for the targets of DESIGN.md section 7:
   of the same GET sent directly (target <= 1 ms);
 - CONNECT tunnel throughput against a direct loopback download;
 - the cost of parsing a proxy request head with h11 (the library used) and
-  with aiohttp's parser (llhttp), to justify the choice.
+  with aiohttp's parser (llhttp), to justify the choice;
+- HTTPS: a small GET's p50/p90 and a download's throughput direct, through a
+  CONNECT passthrough tunnel and through TLS interception (a method rule),
+  in the same run (interception target: <= +2 ms p50 over passthrough).
 
     .venv/bin/python bench/broker.py [--requests 2000] [--tunnel-mib 512]
 """
@@ -20,6 +23,7 @@ import argparse
 import asyncio
 import socket
 import sqlite3
+import ssl
 import statistics
 import subprocess
 import sys
@@ -100,6 +104,144 @@ async def main():
 
 asyncio.run(main())
 """
+
+
+TLS_UPSTREAM = r"""
+import asyncio, ssl, sys
+from corral.broker.mitm import CertAuthority
+ca = CertAuthority.load(sys.argv[1], sys.argv[2])
+TOTAL = int(sys.argv[3]) << 20
+SMALL = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
+CHUNK = b"\0" * (1 << 20)
+ctx = ca.server_context("bench.test")
+def pick(obj, name, _ctx):
+    obj.context = ca.server_context(name or "bench.test")
+ctx.sni_callback = pick
+
+async def serve(reader, writer):
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            if head.startswith(b"GET /big"):
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % TOTAL)
+                for _ in range(TOTAL >> 20):
+                    writer.write(CHUNK)
+                    await writer.drain()
+            else:
+                writer.write(SMALL)
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        writer.close()
+
+async def main():
+    server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=ctx)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await server.serve_forever()
+
+asyncio.run(main())
+"""
+
+
+def _tls_client(port: int, name: str, cafiles: list[str], proxy: int | None) -> ssl.SSLSocket:
+    ctx = ssl.create_default_context()
+    for f in cafiles:
+        ctx.load_verify_locations(f)
+    sock = socket.create_connection(("127.0.0.1", proxy if proxy is not None else port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if proxy is not None:
+        sock.sendall(f"CONNECT {name}:{port} HTTP/1.1\r\nHost: {name}:{port}\r\n\r\n".encode())
+        reply = b""
+        while b"\r\n\r\n" not in reply:
+            reply += sock.recv(1)
+        if not reply.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(f"CONNECT refused: {reply!r}")
+    return ctx.wrap_socket(sock, server_hostname=name)
+
+
+def _tls_latencies(sock: ssl.SSLSocket, name: str, port: int, n: int) -> list[float]:
+    request = f"GET / HTTP/1.1\r\nHost: {name}:{port}\r\n\r\n".encode()
+    out: list[float] = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        sock.sendall(request)
+        data = b""
+        while not data.endswith(b"\r\n\r\nok"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise RuntimeError(f"connection closed after {data!r}")
+            data += chunk
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _tls_download(sock: ssl.SSLSocket, name: str, port: int, total: int) -> float:
+    sock.sendall(f"GET /big HTTP/1.1\r\nHost: {name}:{port}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(1)
+    return _download(sock, total)
+
+
+def bench_https(directory: Path, n: int, mib: int) -> None:
+    """Direct vs CONNECT passthrough vs interception, same upstream, same run."""
+    from corral.broker.config import MitmConfig, TlsConfig
+    from corral.broker.mitm import create_ca
+
+    upstream_ca = create_ca(directory / "upstream-ca")
+    run_ca = create_ca(directory / "run-ca")
+    upstream = subprocess.Popen(
+        [sys.executable, "-c", TLS_UPSTREAM, str(upstream_ca.cert), str(upstream_ca.key), str(mib)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    broker = None
+    try:
+        assert upstream.stdout is not None
+        port = int(upstream.stdout.readline())
+        config = BrokerConfig(
+            rules=(
+                RuleConfig(host="bench.test", ports=(port,), allow_private=True),
+                RuleConfig(host="mitm.test", ports=(port,), methods=("GET",), allow_private=True),
+            ),
+            resolver_overrides={"bench.test": ("127.0.0.1",), "mitm.test": ("127.0.0.1",)},
+            system_dns=False,
+            upstream_tls=TlsConfig(ca_bundle=str(upstream_ca.cert)),
+            mitm=MitmConfig(ca_cert=str(run_ca.cert), ca_key=str(run_ca.key)),
+        )
+        broker = start_broker(config, directory / "tls-journal.sqlite", listen=["127.0.0.1:0"])
+        proxy = broker.wait_ready(30).tcp_ports[0]
+        cafiles = [str(upstream_ca.cert), str(run_ca.cert)]
+        cases = [("direct", "bench.test", None), ("CONNECT passthrough", "bench.test", proxy),
+                 ("TLS interception", "mitm.test", proxy)]  # fmt: skip
+        p50s: dict[str, float] = {}
+        for label, name, via in cases:
+            with _tls_client(port, name, cafiles, via) as sock:
+                _tls_latencies(sock, name, port, 200)
+                lat = _tls_latencies(sock, name, port, n)
+            p50s[label] = statistics.median(lat) * 1e3
+            p90 = _pct(lat, 0.9) * 1e3
+            print(f"HTTPS GET {label:<20} p50 {p50s[label]:7.3f} ms  p90 {p90:7.3f} ms")
+        added = p50s["TLS interception"] - p50s["CONNECT passthrough"]
+        print(
+            f"interception added p50       {added:7.3f} ms over passthrough, "
+            f"{p50s['TLS interception'] - p50s['direct']:.3f} ms over direct   (target <= 2 ms)"
+        )
+        speeds: dict[str, float] = {}
+        for label, name, via in cases:
+            with _tls_client(port, name, cafiles, via) as sock:
+                speeds[label] = _tls_download(sock, name, port, mib << 20)
+        for label, speed in speeds.items():
+            ratio = speed / speeds["direct"]
+            print(
+                f"HTTPS download {label:<15} {speed:>9,.0f} MiB/s   (ratio {ratio:.2f} of direct)"
+            )
+    finally:
+        if broker is not None:
+            broker.stop()
+        upstream.kill()
+        upstream.wait()
+        if upstream.stdout is not None:
+            upstream.stdout.close()
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -256,7 +398,13 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--tunnel-mib", type=int, default=512)
     parser.add_argument("--observations", type=int, default=20000)
+    parser.add_argument("--https-mib", type=int, default=128)
+    parser.add_argument("--only-https", action="store_true", help="run only the HTTPS figures")
     args = parser.parse_args()
+    if args.only_https:
+        with tempfile.TemporaryDirectory(prefix="corral-bench-") as tmp:
+            bench_https(Path(tmp), args.requests, args.https_mib)
+        return 0
 
     print(f"policy decisions/s           {bench_policy():>12,.0f}   (target >= 50,000)")
     with tempfile.TemporaryDirectory(prefix="corral-bench-") as tmp:
@@ -348,6 +496,7 @@ def main() -> int:
                 f"download through CONNECT     {tunnel_mib:>9,.0f} MiB/s   "
                 f"(ratio {tunnel_mib / direct_mib:.2f} of direct)"
             )
+            bench_https(directory, n, args.https_mib)
         finally:
             if broker is not None:
                 broker.stop()

@@ -92,7 +92,7 @@ class HttpRequest(_HostAction):
     """
 
     kind: Literal["http_request"] = "http_request"
-    scheme: Literal["http"] = "http"
+    scheme: Literal["http", "https"] = "http"
     method: str = Field(min_length=1, max_length=32)
     path: str = Field(min_length=1)
     query: str = ""
@@ -174,7 +174,8 @@ def action_target(action: Action) -> str:
             return format_hostport(action.host, action.port)
         case HttpRequest():
             return (
-                f"{action.method} http://{format_hostport(action.host, action.port)}{action.path}"
+                f"{action.method} {action.scheme}://"
+                f"{format_hostport(action.host, action.port)}{action.path}"
             )
         case ProviderCall():
             return f"{action.route} {action.method} {action.path}"

@@ -27,9 +27,11 @@ from corral.errors import ConfigError
 __all__ = [
     "DEFAULT_STRIP_HEADERS",
     "BrokerConfig",
+    "CredentialConfig",
     "FileRuleConfig",
     "LimitsConfig",
     "McpRuleConfig",
+    "MitmConfig",
     "RouteConfig",
     "RuleConfig",
     "TlsConfig",
@@ -283,6 +285,82 @@ class TlsConfig(BaseModel):
     ca_bundle: str | None = None
 
 
+#: Variables corral sets in a sandbox itself; a credential may not take them over.
+_CORRAL_ENV = frozenset(
+    {"PATH", "HOME", "TMPDIR", "USER", "LOGNAME", "SHELL", "LANG", "TERM", "NODE_USE_ENV_PROXY"}
+    | {"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PIP_CERT", "GIT_SSL_CAINFO"}
+    | {"NODE_EXTRA_CA_CERTS", "npm_config_noproxy", "CORRAL_BROKER_URL"}
+)
+
+
+class CredentialConfig(BaseModel):
+    """A real secret the sandbox holds only as a placeholder (swapped on `hosts` only).
+
+    `placeholder` is filled in by the launcher (`corral-placeholder-<random>`);
+    the sandbox's `env` variable holds it. `value` names the real secret's
+    source (`env:NAME` / `file:/path`), read by the broker at start.
+    """
+
+    model_config = _FROZEN
+
+    name: str
+    env: str
+    value: str
+    hosts: tuple[str, ...]
+    in_body: bool = False
+    placeholder: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _ROUTE_NAME.match(value):
+            raise ValueError(f"invalid credential name {value!r}")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: str) -> str:
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", value):
+            raise ValueError(f"invalid environment variable name {value!r}")
+        if value in _CORRAL_ENV or value.lower().endswith("_proxy"):
+            raise ValueError(f"env {value} is set by corral")
+        return value
+
+    @field_validator("value")
+    @classmethod
+    def _value(cls, value: str) -> str:
+        parse_secret_ref(value)
+        return value
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("a credential is bound to at least one host")
+        out = tuple(canonical_host(h) for h in value)
+        for h in out:
+            if "*" in h:
+                raise ValueError(f"credential hosts are exact names: {h!r}")
+        return out
+
+    @field_validator("placeholder")
+    @classmethod
+    def _placeholder(cls, value: str) -> str:
+        if value and not re.match(r"^corral-placeholder-[0-9a-f]{32}$", value):
+            raise ValueError("placeholder is corral-placeholder-<32 hex digits>")
+        return value
+
+
+class MitmConfig(BaseModel):
+    """The run's interception CA: host-private files (the key is 0600, never in the sandbox)."""
+
+    model_config = _FROZEN
+
+    ca_cert: str
+    ca_key: str
+    max_leaf_certs: int = Field(default=256, ge=1)
+
+
 class LimitsConfig(BaseModel):
     """Bounds on what one client connection may hold (seconds, bytes)."""
 
@@ -315,6 +393,8 @@ class BrokerConfig(BaseModel):
     resolver_overrides: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     system_dns: bool = True
     upstream_tls: TlsConfig = TlsConfig()
+    credentials: tuple[CredentialConfig, ...] = ()
+    mitm: MitmConfig | None = None
     limits: LimitsConfig = LimitsConfig()
     hooks: tuple[str, ...] = Field(default=(), description="'module:function' policy hooks")
     journal_synchronous: Literal["normal", "full"] = "normal"
@@ -352,6 +432,9 @@ class BrokerConfig(BaseModel):
         dupes = {i for i in ids if ids.count(i) > 1}
         if dupes:
             raise ValueError(f"duplicate rule ids: {sorted(dupes)}")
+        names = [c.name for c in self.credentials]
+        if len(set(names)) != len(names):
+            raise ValueError("duplicate credential names")
         return self
 
     @classmethod

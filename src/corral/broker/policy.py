@@ -77,6 +77,8 @@ class Decision:
     reason: str
     addresses: tuple[str, ...] = ()
     resolve_host: str | None = None
+    intercept: bool = False
+    """An admitted tunnel the broker must open (TLS interception): its requests are decided."""
 
     @property
     def allowed(self) -> bool:
@@ -184,6 +186,16 @@ class Policy:
     _suffix: Mapping[str, tuple[_Rule, ...]] = field(default_factory=dict)
     _network: tuple[_Rule, ...] = ()
     _deny_networks: tuple[_Rule, ...] = ()
+    credential_hosts: frozenset[str] = frozenset()
+    mitm: bool = False
+
+    def intercepts(self, host: str, port: int) -> bool:
+        """Whether a tunnel to host:port is opened (rules look inside, or a credential is bound)."""
+        if not self.mitm:
+            return False
+        if host in self.credential_hosts:
+            return True
+        return any(r.restricted for r in self.candidates(host) if port in r.ports)
 
     @classmethod
     def from_config(cls, config: BrokerConfig, hooks: tuple[tuple[str, Hook], ...] = ()) -> Policy:
@@ -226,6 +238,8 @@ class Policy:
             _suffix={k: tuple(v) for k, v in suffix.items()},
             _network=tuple(r for r in rules if r.network is not None),
             _deny_networks=tuple(r for r in rules if r.network is not None and r.effect == "deny"),
+            credential_hosts=frozenset(h for c in config.credentials for h in c.hosts),
+            mitm=config.mitm is not None,
         )
 
     def candidates(self, host: str) -> list[_Rule]:
@@ -258,6 +272,18 @@ def _decide_destination(
 ) -> Decision:
     where = format_hostport(host, port)
     candidates = [r for r in policy.candidates(host) if port in r.ports]
+    if method is None and policy.intercepts(host, port):
+        # The tunnel is opened and each request in it decided on its own, so
+        # only unrestricted rules decide the tunnel itself.
+        for r in candidates:
+            if r.effect == "deny" and not r.restricted:
+                return _deny(r.id, f"{where} is denied by rule {r.id}")
+        admit = next((r for r in candidates if r.effect == "allow"), None)
+        if admit is None:
+            return _deny(DEFAULT_DENY, f"no rule admits {where}")
+        return replace(
+            _check_addresses(host, admit.id, admit.allow_private, ctx, policy), intercept=True
+        )
     for r in candidates:
         # A deny rule restricted by method/path still refuses tunnels to its
         # destination: the broker cannot see what a tunnel will carry.

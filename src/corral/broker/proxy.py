@@ -33,7 +33,7 @@ import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import h11
 from pydantic import ValidationError
@@ -47,6 +47,7 @@ from corral.broker.actions import (
     ProviderCall,
 )
 from corral.broker.config import LimitsConfig
+from corral.broker.credentials import Credentials, Scrub
 from corral.broker.hosts import format_hostport
 from corral.broker.journal import GroupCommitJournal
 from corral.broker.metering import BUDGET_RULE, ResponseMeter, SessionBudget
@@ -64,6 +65,9 @@ from corral.broker.wire import (
     split_route,
 )
 from corral.errors import BrokerError
+
+if TYPE_CHECKING:
+    from corral.broker.mitm import CertAuthority
 
 __all__ = ["BrokerState", "ProxyServer", "RouteSecrets"]
 
@@ -119,6 +123,8 @@ class BrokerState:
     routes: Mapping[str, RouteSecrets]
     own_endpoints: frozenset[tuple[str, int]]
     budgets: Mapping[str, SessionBudget] = field(default_factory=dict)
+    credentials: Credentials = field(default_factory=lambda: Credentials(()))
+    ca: CertAuthority | None = None
 
     @property
     def context(self) -> DecisionContext:
@@ -619,6 +625,11 @@ class _ClientConnection:
         if action.query:
             extra["query"] = action.query[:1024]
         extra["headers"] = request_headers(request, frozenset())
+        if self.state.credentials:
+            from corral.broker.intercept import refuse_plain_leak
+
+            if await refuse_plain_leak(self, request, action, extra):
+                return False
         declared = _declared_length(request)
         if declared is not None and declared > self.limits.max_body_bytes:
             return await self._refuse_body(action, extra, declared)
@@ -676,6 +687,8 @@ class _ClientConnection:
         inject: Sequence[Header],
         budget: SessionBudget | None = None,
         meter: ResponseMeter | None = None,
+        body: bytes | None = None,
+        scrub: Scrub | None = None,
     ) -> bool:
         started = time.monotonic()
         key = (decision.addresses, port, host_header, tls_host)
@@ -699,7 +712,7 @@ class _ClientConnection:
             conn = self.upstream
             assert conn is not None
             try:
-                status = await self._exchange(outgoing, conn, counts, meter)
+                status = await self._exchange(outgoing, conn, counts, meter, body=body, scrub=scrub)
             except _Upstream as exc:
                 self._drop_upstream()
                 # An idle kept connection the upstream closed meanwhile: try
@@ -757,11 +770,18 @@ class _ClientConnection:
         conn: _Pooled,
         counts: list[int],
         meter: ResponseMeter | None = None,
+        *,
+        body: bytes | None = None,
+        scrub: Scrub | None = None,
     ) -> int:
         """Send the client's request upstream and relay the response; its status.
 
-        Raises _Upstream for upstream failures; client failures propagate.
+        `body`: the request body, already read from the client (credential
+        swapping). `scrub`: replace these credentials' real values in the
+        response. Raises _Upstream for upstream failures; client failures
+        propagate.
         """
+        scrubber = scrub.stream() if scrub is not None else None
         cc, upstream = conn.h11, conn.stream
         status: int | None = None
         started_reply = False
@@ -781,10 +801,13 @@ class _ClientConnection:
             out += cc.send(outgoing) or b""
         except h11.LocalProtocolError as exc:
             raise _Upstream(f"request not forwardable: {exc}", False, None) from exc
+        if body:
+            counts[0] += len(body)
+            out += cc.send(h11.Data(data=body)) or b""
         if self.h11.they_are_waiting_for_100_continue:
             await self._send(h11.InformationalResponse(status_code=100, headers=[]))
         # On a retry the (empty) request body was already read.
-        while self.h11.their_state is not h11.DONE:
+        while body is None and self.h11.their_state is not h11.DONE:
             event = self.h11.next_event()
             if event is h11.NEED_DATA:
                 if out:
@@ -829,11 +852,17 @@ class _ClientConnection:
                 status = event.status_code
                 if meter is not None:
                     meter.start(status, list(event.headers))
+                reply_headers = forward_response_headers(list(event.headers))
+                if scrub is not None:
+                    reply_headers = scrub.headers(reply_headers)
+                    if scrubber is not None and outgoing.method != b"HEAD":
+                        # A replaced value changes the length: h11 re-frames.
+                        reply_headers = [(n, v) for n, v in reply_headers if n != b"content-length"]
                 out += (
                     self.h11.send(
                         h11.Response(
                             status_code=event.status_code,
-                            headers=forward_response_headers(list(event.headers)),
+                            headers=reply_headers,
                             reason=event.reason,
                         )
                     )
@@ -843,12 +872,17 @@ class _ClientConnection:
                 counts[1] += len(event.data)
                 if meter is not None:
                     meter.feed(event.data)
-                out += self.h11.send(h11.Data(data=event.data)) or b""
+                chunk = scrubber.feed(event.data) if scrubber is not None else event.data
+                if chunk:
+                    out += self.h11.send(h11.Data(data=chunk)) or b""
                 if len(out) >= _RECV:
                     await self.client.sendall(bytes(out))
                     out.clear()
                     started_reply = True
             elif isinstance(event, h11.EndOfMessage):
+                tail = scrubber.finish() if scrubber is not None else b""
+                if tail:
+                    out += self.h11.send(h11.Data(data=tail)) or b""
                 out += self.h11.send(h11.EndOfMessage()) or b""
                 await self.client.sendall(bytes(out))
                 assert status is not None
@@ -863,6 +897,10 @@ class _ClientConnection:
         if admitted is None:
             return False
         decision, obs_id = admitted
+        if decision.intercept:
+            from corral.broker.intercept import intercept
+
+            return await intercept(self, action, decision, obs_id)
         started = time.monotonic()
         try:
             sock, address = await _connect(

@@ -30,10 +30,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from corral.broker.actions import Identity, Observation, ProcessEvent
 from corral.broker.config import BrokerConfig, parse_secret_ref
+from corral.broker.credentials import Credential, Credentials
 from corral.broker.journal import GroupCommitJournal, Journal
 from corral.broker.metering import SessionBudget
 from corral.broker.policy import Hook, Policy
@@ -41,7 +42,10 @@ from corral.broker.proxy import BrokerState, ProxyServer, RouteSecrets
 from corral.broker.resolver import Resolver
 from corral.errors import BrokerError, ConfigError, CorralError, UsageError
 
-__all__ = ["ServeOptions", "load_route_secrets", "serve"]
+if TYPE_CHECKING:
+    from corral.broker.mitm import CertAuthority
+
+__all__ = ["ServeOptions", "load_credentials", "load_route_secrets", "serve"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -94,6 +98,47 @@ def load_route_secrets(config: BrokerConfig, environ: Mapping[str, str]) -> dict
     return out
 
 
+def load_credentials(config: BrokerConfig, environ: Mapping[str, str]) -> Credentials:
+    """Read each credential's real value; ConfigError names a missing one."""
+    items: list[Credential] = []
+    for cred in config.credentials:
+        if not cred.placeholder:
+            raise ConfigError(f"credential {cred.name}: no placeholder was assigned")
+        source, where = parse_secret_ref(cred.value)
+        if source == "env":
+            value = environ.get(where)
+            if value is None:
+                raise ConfigError(
+                    f"credential {cred.name}: ${where} is not set in the broker's environment"
+                )
+        else:
+            try:
+                with open(where, encoding="utf-8") as fh:
+                    value = fh.readline().strip()
+            except OSError as exc:
+                raise ConfigError(f"credential {cred.name}: cannot read {where}: {exc}") from exc
+        if not value or any(c in value for c in "\r\n\0"):
+            raise ConfigError(f"credential {cred.name}: the value is empty or not a header value")
+        items.append(
+            Credential(
+                name=cred.name,
+                placeholder=cred.placeholder.encode(),
+                value=value.encode("utf-8"),
+                hosts=frozenset(cred.hosts),
+                in_body=cred.in_body,
+            )
+        )
+    return Credentials(items)
+
+
+def _load_ca(config: BrokerConfig) -> CertAuthority | None:
+    if config.mitm is None:
+        return None
+    from corral.broker.mitm import CertAuthority
+
+    return CertAuthority.load(config.mitm.ca_cert, config.mitm.ca_key, config.mitm.max_leaf_certs)
+
+
 def _load_hooks(refs: Sequence[str]) -> tuple[tuple[str, Hook], ...]:
     hooks: list[tuple[str, Hook]] = []
     for ref in refs:
@@ -112,6 +157,9 @@ def _tls_context(config: BrokerConfig) -> ssl.SSLContext:
     tls = config.upstream_tls
     try:
         ctx = ssl.create_default_context(cafile=tls.ca_bundle)
+        if tls.ca_bundle is not None:
+            # An extra bundle (host configuration only) adds to the host's store.
+            ctx.load_default_certs()
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(f"cannot load CA bundle {tls.ca_bundle}: {exc}") from exc
     if not tls.verify:
@@ -270,6 +318,8 @@ def serve(options: ServeOptions) -> int:
             _die_with_parent(options.parent_pid)
         config = options.config
         secrets = load_route_secrets(config, options.environ)
+        credentials = load_credentials(config, options.environ)
+        ca = _load_ca(config)
         policy = Policy.from_config(config, _load_hooks(config.hooks))
         tls = _tls_context(config)
         socks = _listeners(options)
@@ -290,6 +340,8 @@ def serve(options: ServeOptions) -> int:
                 for name, route in config.routes.items()
                 if route.meter_usage or route.token_budget is not None
             },
+            credentials=credentials,
+            ca=ca,
         )
         return asyncio.run(_main(options, state, socks))
     except (ConfigError, UsageError) as exc:

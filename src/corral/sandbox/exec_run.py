@@ -201,8 +201,10 @@ def execute(
             jw = stack.enter_context(Journal(journal_path))
         egress: EgressBroker | None = None
         if spec.network.needs_broker:
+            from corral.broker.tls_setup import apply_to_spec
             from corral.sandbox.egress import EgressBroker
 
+            spec = apply_to_spec(spec, stack)
             assert journal_path is not None and spec.network.broker_config is not None
             egress = EgressBroker(
                 spec.network.broker_config,

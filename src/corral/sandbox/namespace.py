@@ -72,6 +72,9 @@ __all__ = [
     "landlock_rules_for",
 ]
 
+#: Where Debian-family clients read the system trust store.
+SYSTEM_TRUST_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+
 #: The first host uid/gid of the default range (`uids.DEFAULT_RANGE`); when
 #: corral runs as root each live sandbox gets its own id from the range.
 SANDBOX_HOST_UID = 64000
@@ -1128,7 +1131,11 @@ def bwrap_plan(
         binds=staged,
         data_files=tuple(zip(dests, data_fds, strict=True)),
         init_argv=init_argv,
-        ro_binds=init_binds,
+        ro_binds=(
+            (*init_binds, (spec.network.trust_bundle, SYSTEM_TRUST_BUNDLE))
+            if spec.network.trust_bundle is not None
+            else init_binds
+        ),
         sandbox_uid=INSIDE_UID,
         sandbox_gid=INSIDE_UID,
         seccomp_fd=seccomp_fd,

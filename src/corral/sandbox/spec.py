@@ -68,6 +68,9 @@ class NetworkSpec:
 
     allow: tuple[str, ...] = ()
     broker_config: str | None = None
+    #: A host file (host bundle + the run's interception CA) shown read-only at
+    #: /etc/ssl/certs/ca-certificates.crt; see broker/tls_setup.py.
+    trust_bundle: str | None = None
 
     @property
     def needs_broker(self) -> bool:

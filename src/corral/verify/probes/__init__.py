@@ -5,6 +5,7 @@ from __future__ import annotations
 from corral.verify.model import Probe
 from corral.verify.probes import (
     audit,
+    broker_tls,
     files,
     footprint,
     host_executed,
@@ -47,6 +48,7 @@ def all_probes() -> list[Probe]:
         *session_record.PROBES,
         *unix_sockets.PROBES,
         *footprint.PROBES,
+        *broker_tls.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:
