@@ -65,7 +65,7 @@ def build_app() -> typer.Typer:
 def main() -> None:
     argv = sys.argv[1:]
     if argv[:1] == ["exec"]:
-        from corral.sandbox.exec_cli import run_exec
+        from corral.exec.cli import run_exec
 
         sys.exit(run_exec(argv[1:]))
     build_app()(prog_name="corral")

@@ -344,8 +344,8 @@ def agent_exec_spec(
 ) -> SandboxSpec:
     """The spec `corral exec --env agent` builds (its path checks included), with
     the session's broker. UsageError for a path corral exec would refuse."""
+    from corral.exec.cli import build_spec, parse_args
     from corral.sandbox.egress import sandbox_proxy_env
-    from corral.sandbox.exec_cli import build_spec, parse_args
     from corral.sandbox.spec import NetworkSpec
 
     opts = ["--env", "agent", "--workspace", workspace, "--journal", journal]

@@ -80,8 +80,8 @@ def doctor(
 
 def _smoke_test() -> tuple[bool, str]:
     from corral.errors import CorralError
+    from corral.exec.cli import sandbox_env
     from corral.sandbox.backend import NamespaceConfig
-    from corral.sandbox.exec_cli import sandbox_env
     from corral.sandbox.reaper import become_subreaper
     from corral.sandbox.spec import SandboxSpec
 

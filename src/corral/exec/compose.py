@@ -173,7 +173,7 @@ def execute(
     """
     sandboxes = load_backend(backend)
     if dry_run:
-        from corral.sandbox.exec_cli import quote_argv
+        from corral.exec.cli import quote_argv
 
         sys.stdout.write(quote_argv(sandboxes.preview(spec)) + "\n")
         if spec.unprotect:

@@ -439,9 +439,9 @@ def run_exec(argv: Sequence[str]) -> int:
         # These two compose `corral exec` themselves (journal, stdio relay,
         # setid sweep) until they take the namespace path's Protocol options.
         if config.kind == "microvm":
-            from corral.sandbox.microvm.exec import execute as execute_own
+            from corral.exec.microvm import execute as execute_own
         else:
-            from corral.sandbox.gvisor.exec import execute as execute_own
+            from corral.exec.gvisor import execute as execute_own
 
         def execute(
             spec: SandboxSpec,
@@ -455,7 +455,7 @@ def run_exec(argv: Sequence[str]) -> int:
                 spec, journal=journal, dry_run=dry_run, interrupted_exc=interrupted_exc
             )
     else:
-        from corral.sandbox.exec_run import execute
+        from corral.exec.compose import execute
 
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, _on_signal)

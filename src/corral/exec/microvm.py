@@ -28,11 +28,11 @@ def execute(
 
     backend = MicroVMBackend(MicroVMConfig())
     if dry_run:
-        from corral.sandbox.exec_cli import quote_argv
+        from corral.exec.cli import quote_argv
 
         sys.stdout.write(quote_argv(backend.preview(spec)) + "\n")
         return None
-    from corral.sandbox.exec_run import (
+    from corral.exec.compose import (
         _created_below,
         _journal_event,
         _journal_outcome,

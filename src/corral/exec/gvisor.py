@@ -1,6 +1,6 @@
 """`corral exec --backend gvisor`: one SandboxSpec under runsc, reported like the default backend.
 
-The shell around `GVisorBackend` (exec_run.execute is the namespace one):
+The shell around `GVisorBackend` (compose.execute is the namespace one):
 journal, terminal relay, setuid stripping and the --json summary are the
 same helpers, so both backends report the same way.
 """
@@ -12,13 +12,13 @@ import os
 import sys
 from pathlib import Path
 
-from corral.sandbox.backend import GVisorConfig
-from corral.sandbox.exec_run import (
+from corral.exec.compose import (
     _journal_event,
     _journal_outcome,
     _strip_setid,
     _terminal_relay,
 )
+from corral.sandbox.backend import GVisorConfig
 from corral.sandbox.gvisor.backend import GVisorBackend, GVisorSandbox
 from corral.sandbox.spec import SandboxSpec
 
@@ -42,7 +42,7 @@ def execute(
     if dry_run:
         import json
 
-        from corral.sandbox.exec_cli import quote_argv
+        from corral.exec.cli import quote_argv
 
         sys.stdout.write(quote_argv(backend.preview(spec)) + "\n")
         sys.stdout.write(json.dumps(backend.preview_config(spec), indent=1) + "\n")
