@@ -21,7 +21,7 @@ __all__ = ["build_app", "main"]
 
 # Each module exposes `register(app: typer.Typer) -> None`.
 _AREAS: tuple[str, ...] = (
-    "corral.sandbox.cli",
+    "corral.doctor_cli",
     "corral.broker.cli",
     "corral.provider.cli",
     "corral.verify.cli",

@@ -19,7 +19,7 @@ def doctor(
     from rich.console import Console
     from rich.table import Table
 
-    from corral.sandbox import probe
+    from corral import doctor as probe
 
     layers = probe.all_layers()
     rows: list[dict[str, object]] = [
