@@ -16,9 +16,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from corral.broker.attach import EgressBroker
     from corral.broker.journal import Journal
     from corral.sandbox.backend import Sandbox
-    from corral.sandbox.egress import EgressBroker
     from corral.sandbox.terminal import PtyRelay
 
 __all__ = ["execute"]
@@ -201,7 +201,7 @@ def execute(
             jw = stack.enter_context(Journal(journal_path))
         egress: EgressBroker | None = None
         if spec.network.needs_broker:
-            from corral.sandbox.egress import EgressBroker
+            from corral.broker.attach import EgressBroker
 
             assert journal_path is not None and spec.network.broker_config is not None
             egress = EgressBroker(

@@ -134,9 +134,9 @@ class _Egress:
         self.process: BrokerProcess | None = None
 
     def attach(self, net: SandboxNet) -> None:
+        from corral.broker.attach import SANDBOX_PROXY_PORT
         from corral.broker.config import BrokerConfig
         from corral.broker.process import start_broker
-        from corral.sandbox.egress import SANDBOX_PROXY_PORT
 
         assert self.spec.network.broker_config is not None
         sock = net.listen(SANDBOX_PROXY_PORT)

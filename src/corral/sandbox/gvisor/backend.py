@@ -300,7 +300,7 @@ class GVisorBackend:
             raise LayerUnavailableError("egress", "the spec needs a broker and none was attached")
         with_net = network is not None
         if with_net:
-            from corral.sandbox.egress import SANDBOX_PROXY_PORT
+            from corral.broker.attach import SANDBOX_PROXY_PORT
             from corral.sandbox.gvisor import net as gnet
 
             spec = replace(spec, env=gnet.rewrite_proxy_env(spec.env, SANDBOX_PROXY_PORT))

@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from corral.errors import BrokerError
 
 if TYPE_CHECKING:
-    from corral.broker.process import BrokerProcess
-    from corral.sandbox.backend import SandboxNet
+    import socket
 
-__all__ = ["SANDBOX_PROXY_PORT", "EgressBroker", "sandbox_proxy_env"]
+    from corral.broker.process import BrokerProcess
+
+__all__ = ["SANDBOX_PROXY_PORT", "EgressBroker", "Listener", "sandbox_proxy_env"]
 
 #: The broker's port on the sandbox's own loopback.
 SANDBOX_PROXY_PORT = 3128
@@ -35,6 +36,16 @@ def sandbox_proxy_env() -> dict[str, str]:
     env = proxy_env(SANDBOX_PROXY_PORT)
     env["CORRAL_BROKER_URL"] = f"http://127.0.0.1:{SANDBOX_PROXY_PORT}"
     return env
+
+
+class Listener(Protocol):
+    """What the broker needs of a sandbox: a listening socket on its own loopback.
+
+    A backend's `SandboxNet` satisfies it; declared here so that the broker
+    depends on no sandbox module.
+    """
+
+    def listen(self, port: int) -> socket.socket: ...
 
 
 class EgressBroker:
@@ -62,7 +73,7 @@ class EgressBroker:
         self.ready_timeout_s = ready_timeout_s
         self.process: BrokerProcess | None = None
 
-    def attach(self, net: SandboxNet) -> None:
+    def attach(self, net: Listener) -> None:
         from corral.broker.config import BrokerConfig
         from corral.broker.process import start_broker
 
