@@ -36,6 +36,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from corral._payload import path as payload_path
 from corral.agents.base import AgentResult, Launch
 from corral.agents.routes import check_compatible, route_secret_env
 from corral.broker.actions import Identity, Observation, ProcessEvent
@@ -88,7 +89,7 @@ __all__ = [
     "new_run_id",
 ]
 
-HTTP_CHECKER = Path(__file__).with_name("http_check.py")
+HTTP_CHECKER = Path(payload_path("http_check.py"))
 
 
 def session_budget(session: int | None, run: int | None, run_spent: int) -> int | None:

@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from corral._payload import path as payload_path
 from corral.errors import CgroupError, LayerUnavailableError, SandboxStartError
 from corral.sandbox import bwrap as bw
 from corral.sandbox import mounts
@@ -1055,7 +1056,7 @@ def init_command(
                 args += ["--port", str(access), str(port)]
         dest = f"{bw.INIT_DIR}/init"
         return (dest, str(status_fd), *args, "--", *spec.argv), [], ((binary, dest),)
-    files = [(f"{bw.INIT_DIR}/init.py", _read_bytes(os.path.join(_SRC_DIR, "init.py")))]
+    files = [(f"{bw.INIT_DIR}/init.py", _read_bytes(payload_path("init.py")))]
     rules = "-"
     if abi:
         files.append(
