@@ -16,7 +16,7 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from corral.errors import BrokerError
+from corral.broker.proxy_env import SANDBOX_PROXY_PORT, sandbox_proxy_env
 
 if TYPE_CHECKING:
     import socket
@@ -24,18 +24,6 @@ if TYPE_CHECKING:
     from corral.broker.process import BrokerProcess
 
 __all__ = ["SANDBOX_PROXY_PORT", "EgressBroker", "Listener", "sandbox_proxy_env"]
-
-#: The broker's port on the sandbox's own loopback.
-SANDBOX_PROXY_PORT = 3128
-
-
-def sandbox_proxy_env() -> dict[str, str]:
-    """Variables that point the sandbox's clients at the broker."""
-    from corral.broker.process import proxy_env
-
-    env = proxy_env(SANDBOX_PROXY_PORT)
-    env["CORRAL_BROKER_URL"] = f"http://127.0.0.1:{SANDBOX_PROXY_PORT}"
-    return env
 
 
 class Listener(Protocol):
@@ -92,7 +80,8 @@ class EgressBroker:
             sock.close()
         try:
             self.process.wait_ready(self.ready_timeout_s)
-        except BrokerError:
+        except BaseException:
+            # Also on an interrupt while waiting: no broker may outlive a failed attach.
             self.stop()
             raise
 

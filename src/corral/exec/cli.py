@@ -253,7 +253,7 @@ def build_spec(ns: argparse.Namespace, cmd: list[str], caller_env: dict[str, str
     extra = _setenv(ns.setenv)
     config_json = broker_config_json(ns.allow, ns.config, writable)
     if config_json is not None:
-        from corral.broker.attach import sandbox_proxy_env
+        from corral.broker.proxy_env import sandbox_proxy_env
 
         extra = {**sandbox_proxy_env(), **extra}
     return SandboxSpec(

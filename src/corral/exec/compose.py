@@ -7,9 +7,9 @@ import dataclasses
 import os
 import sys
 
+from corral.broker.unix_journal import unix_observer
 from corral.sandbox.backend_config import BackendConfig, load_backend
 from corral.sandbox.spec import ExecResult, SandboxSpec
-from corral.sandbox.unix_journal import unix_observer
 
 # Not `typing.TYPE_CHECKING`: importing typing costs ~5 ms on every `corral exec`.
 TYPE_CHECKING = False

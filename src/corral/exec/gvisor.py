@@ -22,11 +22,6 @@ from corral.sandbox.backend import GVisorConfig
 from corral.sandbox.gvisor.backend import GVisorBackend, GVisorSandbox
 from corral.sandbox.spec import SandboxSpec
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from corral.broker.process import BrokerProcess
-    from corral.sandbox.backend import SandboxNet
-
 __all__ = ["execute"]
 
 
@@ -67,7 +62,16 @@ def execute(
                 tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="corral-exec-"))
                 journal = os.path.join(tmp, "j.sqlite")
                 jw = stack.enter_context(Journal(Path(journal)))
-            egress = _Egress(spec, Path(journal).resolve() if journal else None, run)
+            from corral.broker.attach import EgressBroker
+
+            assert journal is not None and spec.network.broker_config is not None
+            egress = EgressBroker(
+                spec.network.broker_config,
+                Path(journal).resolve(),
+                run=run,
+                session=spec.session_id,
+                env=spec.env_kind,
+            )
             stack.callback(egress.stop)
         relay = _terminal_relay(stack)
         sandbox: GVisorSandbox | None = None
@@ -121,44 +125,3 @@ def execute(
     elif result.reason == "oom":
         sys.stderr.write("corral exec: killed by the memory limit\n")
     return result.summary(observations), result.exit
-
-
-class _Egress:
-    """The broker on the gVisor sandbox's link (gvisor.net), started by `attach`."""
-
-    def __init__(self, spec: SandboxSpec, journal: Path | None, run: str) -> None:
-        assert spec.network.broker_config is not None and journal is not None
-        self.spec = spec
-        self.journal = journal
-        self.run = run
-        self.process: BrokerProcess | None = None
-
-    def attach(self, net: SandboxNet) -> None:
-        from corral.broker.attach import SANDBOX_PROXY_PORT
-        from corral.broker.config import BrokerConfig
-        from corral.broker.process import start_broker
-
-        assert self.spec.network.broker_config is not None
-        sock = net.listen(SANDBOX_PROXY_PORT)
-        try:
-            self.process = start_broker(
-                BrokerConfig.from_json(self.spec.network.broker_config),
-                self.journal,
-                run=self.run,
-                session=self.spec.session_id,
-                env=self.spec.env_kind,
-                listen_fds=[sock.fileno()],
-            )
-        finally:
-            # The broker holds the only copy: when it dies, nothing listens.
-            sock.close()
-        try:
-            self.process.wait_ready(15.0)
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        if self.process is not None:
-            with contextlib.suppress(OSError):
-                self.process.stop()

@@ -344,7 +344,7 @@ def agent_exec_spec(
 ) -> SandboxSpec:
     """The spec `corral exec --env agent` builds (its path checks included), with
     the session's broker. UsageError for a path corral exec would refuse."""
-    from corral.broker.attach import sandbox_proxy_env
+    from corral.broker.proxy_env import sandbox_proxy_env
     from corral.exec.cli import build_spec, parse_args
     from corral.sandbox.spec import NetworkSpec
 

@@ -43,6 +43,7 @@ from corral.broker.actions import Identity, Observation, ProcessEvent
 from corral.broker.config import BrokerConfig
 from corral.broker.journal import decision_counts as journal_counts
 from corral.broker.metering import journal_usage
+from corral.broker.unix_journal import unix_observer
 from corral.errors import AgentError, ConfigError, CorralError, UsageError
 from corral.hostgit import TrustedRepo
 from corral.run.agent_port import RunAgent, resolve_agent
@@ -69,7 +70,6 @@ from corral.run.store import CheckResult, RunLock, SessionRecord, Store
 from corral.sandbox.backend import Backend, Sandbox, SandboxNet, backend_config, load_backend
 from corral.sandbox.reaper import become_subreaper
 from corral.sandbox.setid import strip_setid
-from corral.sandbox.unix_journal import unix_observer
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping

@@ -28,8 +28,8 @@ from pathlib import Path
 from corral.agents.base import DEFAULT_HOME, HasSyntheticModel, Launch, LaunchRequest
 from corral.agents.launch import launch_request
 from corral.agents.routes import ProviderChoice, provider_route
-from corral.broker.attach import sandbox_proxy_env
 from corral.broker.config import BrokerConfig, RouteConfig
+from corral.broker.proxy_env import sandbox_proxy_env
 from corral.run.mission import Check, Mission, ProviderRef
 from corral.sandbox.spec import DEFAULT_PATH, Bind, Limits, NetworkSpec, SandboxSpec
 

@@ -300,8 +300,8 @@ class GVisorBackend:
             raise LayerUnavailableError("egress", "the spec needs a broker and none was attached")
         with_net = network is not None
         if with_net:
-            from corral.broker.attach import SANDBOX_PROXY_PORT
             from corral.sandbox.gvisor import net as gnet
+            from corral.sandbox.spec import SANDBOX_PROXY_PORT
 
             spec = replace(spec, env=gnet.rewrite_proxy_env(spec.env, SANDBOX_PROXY_PORT))
         if spec.allow_unix:
