@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from types import FrameType
     from typing import NoReturn
 
-    from corral.sandbox.backend_config import BackendConfig
     from corral.sandbox.spec import SandboxSpec
 
 __all__ = ["build_spec", "parse_args", "run_exec", "sandbox_env", "validate_path"]
@@ -435,27 +434,7 @@ def run_exec(argv: Sequence[str]) -> int:
         sys.stderr.write(f"corral exec: {exc}\n")
         return EXIT_USAGE
 
-    if config.kind in ("microvm", "gvisor"):
-        # These two compose `corral exec` themselves (journal, stdio relay,
-        # setid sweep) until they take the namespace path's Protocol options.
-        if config.kind == "microvm":
-            from corral.exec.microvm import execute as execute_own
-        else:
-            from corral.exec.gvisor import execute as execute_own
-
-        def execute(
-            spec: SandboxSpec,
-            *,
-            backend: BackendConfig,
-            journal: str | None,
-            dry_run: bool,
-            interrupted_exc: type[BaseException],
-        ) -> tuple[dict[str, object], int] | None:
-            return execute_own(
-                spec, journal=journal, dry_run=dry_run, interrupted_exc=interrupted_exc
-            )
-    else:
-        from corral.exec.compose import execute
+    from corral.exec.compose import execute
 
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, _on_signal)

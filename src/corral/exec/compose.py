@@ -176,6 +176,13 @@ def execute(
         from corral.exec.cli import quote_argv
 
         sys.stdout.write(quote_argv(sandboxes.preview(spec)) + "\n")
+        if backend.kind == "gvisor":
+            import json
+
+            from corral.sandbox.gvisor.backend import GVisorBackend
+
+            assert isinstance(sandboxes, GVisorBackend)
+            sys.stdout.write(json.dumps(sandboxes.preview_config(spec), indent=1) + "\n")
         if spec.unprotect:
             sys.stderr.write(f"corral exec: unprotected: {' '.join(sorted(spec.unprotect))}\n")
         return None
@@ -212,7 +219,9 @@ def execute(
                 env=spec.env_kind,
             )
             stack.callback(egress.stop)
-        relay = _terminal_relay(stack)
+        # The microVM's output comes over QEMU's serial channel, which has no
+        # terminal to hand out; the guest's stdin is /dev/null.
+        relay = _terminal_relay(stack) if backend.kind != "microvm" else None
         running: Sandbox | None = None
         try:
             if relay is not None:
