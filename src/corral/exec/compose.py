@@ -7,7 +7,6 @@ import dataclasses
 import os
 import sys
 
-from corral.broker.unix_journal import unix_observer
 from corral.sandbox.backend_config import BackendConfig, load_backend
 from corral.sandbox.spec import ExecResult, SandboxSpec
 
@@ -222,6 +221,11 @@ def execute(
         # The microVM's output comes over QEMU's serial channel, which has no
         # terminal to hand out; the guest's stdin is /dev/null.
         relay = _terminal_relay(stack) if backend.kind != "microvm" else None
+        observer = None
+        if jw is not None:
+            from corral.broker.unix_journal import unix_observer
+
+            observer = unix_observer(jw, spec=spec, run=run)
         running: Sandbox | None = None
         try:
             if relay is not None:
@@ -230,7 +234,7 @@ def execute(
                 spec,
                 network=egress.attach if egress else None,
                 stdio=relay.stdio if relay is not None else None,
-                unix_observer=unix_observer(jw, spec=spec, run=run) if jw is not None else None,
+                unix_observer=observer,
             )
             if relay is not None:
                 relay.spawned()
