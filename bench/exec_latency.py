@@ -92,7 +92,7 @@ def _drop_to(uid: int) -> Callable[[], None]:
 
 def _in_process(ws: str, runs: int) -> list[float]:
     """The sandbox alone, as `corral run` uses it: no interpreter start-up, no imports."""
-    from corral.sandbox.exec_cli import sandbox_env
+    from corral.exec.cli import sandbox_env
     from corral.sandbox.namespace import NamespaceSandbox
     from corral.sandbox.spec import SandboxSpec
 

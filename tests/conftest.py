@@ -17,7 +17,7 @@ from collections.abc import Callable
 import pytest
 from hypothesis import settings
 
-from corral.sandbox import probe
+from corral import doctor as probe
 
 # Hypothesis' per-example deadline is a wall-clock oracle: on a loaded 2-core
 # host a first example (imports, caches) takes longer than 200 ms and fails

@@ -21,7 +21,7 @@ __all__ = ["build_app", "main"]
 
 # Each module exposes `register(app: typer.Typer) -> None`.
 _AREAS: tuple[str, ...] = (
-    "corral.sandbox.cli",
+    "corral.doctor_cli",
     "corral.broker.cli",
     "corral.provider.cli",
     "corral.verify.cli",
@@ -66,7 +66,7 @@ def build_app() -> typer.Typer:
 def main() -> None:
     argv = sys.argv[1:]
     if argv[:1] == ["exec"]:
-        from corral.sandbox.exec_cli import run_exec
+        from corral.exec.cli import run_exec
 
         sys.exit(run_exec(argv[1:]))
     build_app()(prog_name="corral")

@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from corral.exec.cli import sandbox_env
 from corral.sandbox.backend import Backend, Sandbox, SandboxNet
-from corral.sandbox.exec_cli import sandbox_env
 from corral.sandbox.spec import ExecResult, Limits, SandboxSpec
 
 PY = "/usr/bin/python3"

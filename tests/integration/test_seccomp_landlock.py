@@ -36,9 +36,9 @@ from typing import Any, TypeVar
 
 import pytest
 
+from corral.doctor import landlock_abi
 from corral.sandbox import landlock, seccomp
 from corral.sandbox.landlock import LandlockRules
-from corral.sandbox.probe import landlock_abi
 
 SYS_PYTHON = "/usr/bin/python3"
 BWRAP = "/usr/bin/bwrap"

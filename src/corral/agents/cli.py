@@ -98,7 +98,7 @@ def register(app: typer.Typer) -> None:
             choice = parse_provider(provider, provider_key)
             policy = None
             if mcp is not None:
-                from corral.agents.mcp_policy import load_mcp_policy
+                from corral.broker.mcp_policy import load_mcp_policy
 
                 policy = load_mcp_policy(mcp)
             if dry_run:
@@ -209,9 +209,9 @@ def _dry_run(
     from corral.agents.base import DEFAULT_HOME
     from corral.agents.install import default_tools_dir, executable_path
     from corral.agents.launch import SANDBOX_BROKER, launch_request, mcp_endpoints
-    from corral.agents.mcp_policy import McpPolicy
     from corral.agents.registry import get_adapter
     from corral.agents.routes import check_compatible, parse_provider
+    from corral.broker.mcp_policy import McpPolicy
 
     adapter = get_adapter(agent)
     choice = parse_provider(provider)

@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 SANDBOX_BROKER = "http://127.0.0.1:3128"
-"""The broker as seen from inside a namespace sandbox (corral.sandbox.egress)."""
+"""The broker as seen from inside a namespace sandbox (corral.broker.attach)."""
 
 EXIT_REFUSED = 125
 

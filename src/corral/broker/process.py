@@ -33,46 +33,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from corral.broker.config import BrokerConfig
+from corral.broker.proxy_env import proxy_env
 from corral.errors import BrokerError
 
 __all__ = ["BrokerProcess", "ReadyInfo", "broker_argv", "proxy_env", "start_broker"]
-
-PROXY_VARIABLES: tuple[str, ...] = (
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "ALL_PROXY",
-    "http_proxy",
-    "https_proxy",
-    "all_proxy",
-    "npm_config_proxy",
-    "npm_config_https_proxy",
-    "YARN_HTTP_PROXY",
-    "YARN_HTTPS_PROXY",
-)
-
-
-def proxy_env(port: int, host: str = "127.0.0.1") -> dict[str, str]:
-    """Environment variables that send a sandbox's HTTP(S) clients to the broker.
-
-    Upper- and lower-case forms (curl reads only `http_proxy` for http://),
-    `ALL_PROXY` for clients that use it, npm's and yarn's own settings, and
-    `NODE_USE_ENV_PROXY=1` for Node's built-in fetch (Node >= 24 honours it).
-    `NO_PROXY` names only the sandbox's *own* loopback, which is not the
-    host's: traffic there never leaves the sandbox, and the broker's routes
-    (`http://127.0.0.1:PORT/routes/...`) are reached directly.
-    """
-    url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
-    env = dict.fromkeys(PROXY_VARIABLES, url)
-    no_proxy = "localhost,127.0.0.1,::1"
-    env.update(
-        {
-            "NO_PROXY": no_proxy,
-            "no_proxy": no_proxy,
-            "npm_config_noproxy": no_proxy,
-            "NODE_USE_ENV_PROXY": "1",
-        }
-    )
-    return env
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from corral._payload import path as payload_path
 from corral.agents.base import (
     AgentAdapter,
     AgentResult,
@@ -54,7 +55,7 @@ __all__ = [
 ]
 
 #: Where the built-in test agent's program is (copied into each run's tools/).
-SCRIPT_AGENT_FILE = Path(__file__).with_name("script_agent.py")
+SCRIPT_AGENT_FILE = Path(payload_path("script_agent.py"))
 
 
 @dataclass(frozen=True, slots=True)

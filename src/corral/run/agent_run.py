@@ -44,7 +44,6 @@ from typing import IO, TYPE_CHECKING, Any
 from corral.agents.base import DEFAULT_HOME, AgentAdapter, AgentResult, Launch, McpEndpoint
 from corral.agents.install import default_tools_dir, executable_path, prefix
 from corral.agents.launch import EXIT_REFUSED, SANDBOX_BROKER, finalize, launch_request
-from corral.agents.mcp_policy import McpPolicy
 from corral.agents.routes import (
     ProviderChoice,
     UpstreamOverride,
@@ -53,6 +52,7 @@ from corral.agents.routes import (
     provider_route,
     route_secret_env,
 )
+from corral.broker.mcp_policy import McpPolicy
 from corral.errors import AgentError, UsageError
 
 if TYPE_CHECKING:
@@ -356,8 +356,8 @@ def agent_exec_spec(
 ) -> SandboxSpec:
     """The spec `corral exec --env agent` builds (its path checks included), with
     the session's broker. UsageError for a path corral exec would refuse."""
-    from corral.sandbox.egress import sandbox_proxy_env
-    from corral.sandbox.exec_cli import build_spec, parse_args
+    from corral.broker.proxy_env import sandbox_proxy_env
+    from corral.exec.cli import build_spec, parse_args
     from corral.sandbox.spec import NetworkSpec
 
     opts = ["--env", "agent", "--workspace", workspace, "--journal", journal]
@@ -425,9 +425,9 @@ def _on_host(
 
     No broker: only the synthetic provider, and only MCP calls are journaled.
     """
-    from corral.agents.mcp_gateway import McpGateway
     from corral.broker.actions import Identity
     from corral.broker.journal import Journal
+    from corral.broker.mcp_gateway import McpGateway
 
     journal_path = state / "journal.sqlite"
     timings: dict[str, float] = {}

@@ -36,12 +36,14 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from corral._payload import path as payload_path
 from corral.agents.base import AgentResult, Launch
 from corral.agents.routes import check_compatible, route_secret_env
 from corral.broker.actions import Identity, Observation, ProcessEvent
 from corral.broker.config import BrokerConfig
 from corral.broker.journal import decision_counts as journal_counts
 from corral.broker.metering import journal_usage
+from corral.broker.unix_journal import unix_observer
 from corral.errors import AgentError, ConfigError, CorralError, UsageError
 from corral.hostgit import TrustedRepo
 from corral.run.agent_port import RunAgent, resolve_agent
@@ -68,7 +70,6 @@ from corral.run.store import CheckResult, RunLock, SessionRecord, Store
 from corral.sandbox.backend import Backend, Sandbox, SandboxNet, backend_config, load_backend
 from corral.sandbox.reaper import become_subreaper
 from corral.sandbox.setid import strip_setid
-from corral.sandbox.unix_journal import unix_observer
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -88,7 +89,7 @@ __all__ = [
     "new_run_id",
 ]
 
-HTTP_CHECKER = Path(__file__).with_name("http_check.py")
+HTTP_CHECKER = Path(payload_path("http_check.py"))
 
 
 def session_budget(session: int | None, run: int | None, run_spent: int) -> int | None:

@@ -29,8 +29,8 @@ from corral.agents.base import DEFAULT_HOME, HasSyntheticModel, Launch, LaunchRe
 from corral.agents.launch import launch_request
 from corral.agents.routes import ProviderChoice, provider_route
 from corral.broker.config import BrokerConfig, RouteConfig
+from corral.broker.proxy_env import sandbox_proxy_env
 from corral.run.mission import Check, Mission, ProviderRef
-from corral.sandbox.egress import sandbox_proxy_env
 from corral.sandbox.spec import DEFAULT_PATH, Bind, Limits, NetworkSpec, SandboxSpec
 
 __all__ = [

@@ -37,7 +37,7 @@ from corral.errors import ConfigError, UsageError
 from corral.sandbox.units import parse_cpus, parse_duration, parse_size
 
 if TYPE_CHECKING:
-    from corral.agents.mcp_policy import McpPolicy
+    from corral.broker.mcp_policy import McpPolicy
 
 __all__ = [
     "AGENTS",
@@ -226,7 +226,7 @@ class McpServer(BaseModel):
     `command` (a string or a list) plus `args` is run in a sandbox of its own
     with `env`; `ro` paths (relative ones are the mission file's) are visible
     to it read-only. `tools`/`deny_tools`/`arguments` are its tool policy
-    (`corral.agents.mcp_policy`).
+    (`corral.broker.mcp_policy`).
     """
 
     model_config = _FROZEN
@@ -265,7 +265,7 @@ class McpSettings(BaseModel):
 
     @model_validator(mode="after")
     def _policy(self) -> McpSettings:
-        from corral.agents.mcp_policy import parse_mcp_policy
+        from corral.broker.mcp_policy import parse_mcp_policy
 
         try:
             parse_mcp_policy(_policy_doc(self, Path("/")), "[mcp]")
@@ -518,7 +518,7 @@ class Mission:
 
     def mcp_policy(self) -> McpPolicy:
         """`[mcp.servers.*]` as the gateway's policy (relative `ro` paths resolved)."""
-        from corral.agents.mcp_policy import parse_mcp_policy
+        from corral.broker.mcp_policy import parse_mcp_policy
 
         doc = _policy_doc(self.settings.mcp, self.path.parent.absolute())
         return parse_mcp_policy(doc, f"{self.path} [mcp]")

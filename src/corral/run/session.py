@@ -6,7 +6,7 @@
 
 For one session, in this order:
 
-1. the MCP gateway (`corral.agents.mcp_gateway`) starts when the plan has MCP
+1. the MCP gateway (`corral.broker.mcp_gateway`) starts when the plan has MCP
    servers: each server in a `corral exec` sandbox of its own, started
    through `corral.run.mcp_launch` (it joins the run's cgroup and gets
    SIGTERM when corral dies), every tool call decided by the policy and
@@ -52,11 +52,11 @@ from corral.errors import AgentError, CorralError
 from corral.run.capture import Capture
 
 if TYPE_CHECKING:
-    from corral.agents.mcp_gateway import McpGateway
-    from corral.agents.mcp_policy import McpPolicy
+    from corral.broker.attach import EgressBroker
     from corral.broker.journal import Journal
+    from corral.broker.mcp_gateway import McpGateway
+    from corral.broker.mcp_policy import McpPolicy
     from corral.sandbox.backend import Backend, Sandbox
-    from corral.sandbox.egress import EgressBroker
     from corral.sandbox.spec import ExecResult, Limits, SandboxSpec
     from corral.sandbox.unix_admit import UnixConnectEvent
 
@@ -210,7 +210,7 @@ def run_session(plan: SessionPlan, *, journal: Journal, hooks: SessionHooks) -> 
 
 
 def _start_gateway(plan: SessionPlan, journal: Journal, stack: contextlib.ExitStack) -> McpGateway:
-    from corral.agents.mcp_gateway import McpGateway
+    from corral.broker.mcp_gateway import McpGateway
 
     assert plan.mcp is not None
     plan.mcp_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -261,7 +261,7 @@ def _agent(
     broker: BrokerConfig,
     stack: contextlib.ExitStack,
 ) -> SessionOutcome:
-    from corral.sandbox.egress import EgressBroker
+    from corral.broker.attach import EgressBroker
 
     ident = plan.identity
     egress = EgressBroker(

@@ -14,9 +14,11 @@ import os
 import stat
 import zlib
 
+from corral._payload import path as payload_path
+
 __all__ = ["INIT_SOURCE", "init_binary"]
 
-INIT_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "init.c")
+INIT_SOURCE = payload_path("init.c")
 _CFLAGS = ("-O2", "-Wall", "-Wextra", "-D_FORTIFY_SOURCE=2", "-fstack-protector-strong")
 
 

@@ -40,10 +40,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from corral._payload import path as payload_path
 from corral.errors import CgroupError, LayerUnavailableError, SandboxStartError
 from corral.sandbox import bwrap as bw
 from corral.sandbox import mounts
 from corral.sandbox.cgroup import Cgroup, CgroupLayout, CgroupUsage, detect_layout, sweep_stale
+from corral.sandbox.handle import CgroupProcessHandle
 from corral.sandbox.spec import ExecResult, SandboxSpec
 from corral.sandbox.terminal import stdio_without_tty
 
@@ -714,7 +716,7 @@ def _proc_identity(pid: int) -> tuple[int, tuple[int, ...]] | None:
     return ppid, nspid
 
 
-class RunningSandbox:
+class RunningSandbox(CgroupProcessHandle):
     """A started sandbox: wait for it, kill it, read its usage. Call close() last.
 
     Where the exit report's values come from (the init is inside the sandbox,
@@ -828,17 +830,6 @@ class RunningSandbox:
                         val = ev.get(key)
                         if isinstance(val, int) and key not in self.bwrap_status:
                             self.bwrap_status[key] = val
-
-    def usage(self) -> CgroupUsage | None:
-        return self.cgroup.usage() if self.cgroup else None
-
-    def kill_all(self) -> None:
-        """SIGKILL everything in the sandbox (cgroup kill, then bwrap itself)."""
-        if self.cgroup is not None:
-            with contextlib.suppress(CgroupError):
-                self.cgroup.kill()
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.kill()
 
     def freeze(self) -> None:
         """Stop every process of the sandbox (the cgroup freezer, v1 or v2)."""
@@ -1058,7 +1049,7 @@ def init_command(
                 args += ["--port", str(access), str(port)]
         dest = f"{bw.INIT_DIR}/init"
         return (dest, str(status_fd), *args, "--", *spec.argv), [], ((binary, dest),)
-    files = [(f"{bw.INIT_DIR}/init.py", _read_bytes(os.path.join(_SRC_DIR, "init.py")))]
+    files = [(f"{bw.INIT_DIR}/init.py", _read_bytes(payload_path("init.py")))]
     rules = "-"
     if abi:
         files.append(

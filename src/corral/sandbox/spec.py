@@ -13,6 +13,7 @@ __all__ = [
     "DEFAULT_PATH",
     "EXIT_REASONS",
     "LAYERS",
+    "SANDBOX_PROXY_PORT",
     "Bind",
     "ExecResult",
     "Limits",
@@ -55,6 +56,10 @@ class Limits:
     timeout_s: float | None = None
     #: Size of each writable tmpfs scratch area (/tmp, /var/tmp, home, /dev/shm).
     disk_bytes: int | None = None
+
+
+#: The broker's port on a sandbox's own loopback (every backend forwards it).
+SANDBOX_PROXY_PORT = 3128
 
 
 @dataclass(frozen=True, slots=True)

@@ -668,10 +668,10 @@ def _start_mcp_gateway(stack: ExitStack, cs: CanarySet, sandbox: bool) -> None:
     broker route, the host judges from the server's files and that journal."""
     try:
         from corral.agents import demo_mcp
-        from corral.agents.mcp_gateway import McpGateway
-        from corral.agents.mcp_policy import parse_mcp_policy
         from corral.broker.actions import Identity
         from corral.broker.journal import Journal
+        from corral.broker.mcp_gateway import McpGateway
+        from corral.broker.mcp_policy import parse_mcp_policy
         from corral.errors import CorralError
     except ImportError as exc:
         cs.missing["mcp_port"] = f"the MCP gateway cannot be imported: {exc}"

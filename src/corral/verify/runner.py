@@ -483,7 +483,7 @@ def _mounted(path: str) -> bool:
 
 
 def _kernel_audit() -> bool:
-    from corral.sandbox.probe import kernel_audit_enabled
+    from corral.doctor import kernel_audit_enabled
 
     return bool(kernel_audit_enabled())
 

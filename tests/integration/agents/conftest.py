@@ -11,9 +11,9 @@ import pytest
 
 from corral.agents import demo_mcp
 from corral.agents.install import default_tools_dir, executable_path
-from corral.agents.mcp_policy import McpPolicy, parse_mcp_policy
 from corral.agents.registry import get_adapter
 from corral.broker.journal import JournalRow, read_rows
+from corral.broker.mcp_policy import McpPolicy, parse_mcp_policy
 
 SCENARIOS = Path(__file__).parent / "scenarios"
 REPO_SCENARIOS = Path(__file__).resolve().parents[3] / "scenarios"

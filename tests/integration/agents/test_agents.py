@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.agents.mcp_policy import McpPolicy
+from corral.broker.mcp_policy import McpPolicy
 from corral.run.agent_run import AgentRun, run_agent
 
 from .conftest import REPO_SCENARIOS, SCENARIOS, require_cli, rows, transcript
@@ -142,7 +142,7 @@ def test_host_credentials_do_not_reach_the_agent(workspace: Path, state: Path) -
 def test_an_mcp_server_that_cannot_start_stops_the_run(
     agent: str, workspace: Path, state: Path
 ) -> None:
-    from corral.agents.mcp_policy import parse_mcp_policy
+    from corral.broker.mcp_policy import parse_mcp_policy
     from corral.errors import AgentError
 
     require_cli(agent)

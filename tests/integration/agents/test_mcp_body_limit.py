@@ -13,10 +13,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from corral.agents.mcp_gateway import MCP_BODY_LIMIT, McpGateway
-from corral.agents.mcp_policy import McpPolicy
 from corral.broker.actions import Identity
 from corral.broker.journal import Journal, read_rows
+from corral.broker.mcp_gateway import MCP_BODY_LIMIT, McpGateway
+from corral.broker.mcp_policy import McpPolicy
 
 pytestmark = pytest.mark.timeout(60)
 

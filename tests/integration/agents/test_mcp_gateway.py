@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from corral.agents import demo_mcp
-from corral.agents.mcp_gateway import McpGateway
-from corral.agents.mcp_policy import McpPolicy, parse_mcp_policy
 from corral.broker.actions import Identity
 from corral.broker.journal import Journal, read_rows
+from corral.broker.mcp_gateway import McpGateway
+from corral.broker.mcp_policy import McpPolicy, parse_mcp_policy
 from corral.errors import AgentError
 
 IDENTITY = Identity(run="r1", session="s1", env="agent")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from corral.broker.config import BrokerConfig, RuleConfig
-from corral.broker.process import proxy_env
+from corral.broker.proxy_env import proxy_env
 
 from .conftest import BrokerFactory, ServerFactory
 from .testlib import Handler, Hit, Reply, ThrowawayCA

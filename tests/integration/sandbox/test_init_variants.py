@@ -8,7 +8,7 @@ from typing import Literal
 
 import pytest
 
-from corral.sandbox.exec_cli import sandbox_env
+from corral.exec.cli import sandbox_env
 from corral.sandbox.namespace import ExecResult, NamespaceSandbox
 from corral.sandbox.spec import SandboxSpec
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from corral.errors import SandboxStartError
+from corral.exec.cli import sandbox_env
 from corral.sandbox import namespace
-from corral.sandbox.exec_cli import sandbox_env
 from corral.sandbox.namespace import NamespaceSandbox
 from corral.sandbox.spec import SandboxSpec
 
@@ -112,7 +112,7 @@ def test_set_pdeathsig_checks_the_kernel() -> None:
 
 _SUBREAPER_AFTER = """
 import sys
-from corral.sandbox.exec_cli import sandbox_env
+from corral.exec.cli import sandbox_env
 from corral.sandbox.reaper import is_subreaper
 from corral.sandbox.spec import SandboxSpec
 spec = SandboxSpec(argv=("true",), workspace=sys.argv[2],
@@ -124,7 +124,7 @@ if sys.argv[1] == "start":
     r.close()
 else:
     from corral.sandbox.backend_config import NamespaceConfig
-    from corral.sandbox.exec_run import execute
+    from corral.exec.compose import execute
     execute(
         spec,
         backend=NamespaceConfig(),

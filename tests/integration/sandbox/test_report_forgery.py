@@ -14,8 +14,8 @@ from typing import Literal
 
 import pytest
 
+from corral.exec.cli import sandbox_env
 from corral.sandbox import landlock
-from corral.sandbox.exec_cli import sandbox_env
 from corral.sandbox.namespace import ExecResult, NamespaceSandbox
 from corral.sandbox.spec import SandboxSpec
 from corral.verify.probes.report_forgery import FORGE_SCRIPT

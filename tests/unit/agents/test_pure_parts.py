@@ -14,8 +14,6 @@ from corral.agents import tomlw
 from corral.agents.base import AgentResult, ConfigFile, Launch, McpEndpoint, Usage, single_quote
 from corral.agents.install import default_tools_dir, executable_path, npm_install_argv
 from corral.agents.launch import finalize
-from corral.agents.mcp_gateway import denial_text, server_argv
-from corral.agents.mcp_policy import McpServerConfig
 from corral.agents.registry import ADAPTERS, get_adapter
 from corral.agents.routes import (
     ProviderChoice,
@@ -26,6 +24,8 @@ from corral.agents.routes import (
     route_secret_env,
 )
 from corral.broker.config import BrokerConfig
+from corral.broker.mcp_gateway import denial_text, server_argv
+from corral.broker.mcp_policy import McpServerConfig
 from corral.broker.policy import Decision
 from corral.errors import AgentError, ConfigError, UsageError
 

@@ -36,7 +36,7 @@ def test_the_report_section_links_an_svg_with_the_caps(tmp_path: Path) -> None:
 
 def test_matplotlib_stays_off_the_exec_and_coordinator_import_path() -> None:
     code = (
-        "import sys, corral.sandbox.exec_cli, corral.run.coordinator, corral.run.watchdog;"
+        "import sys, corral.exec.cli, corral.run.coordinator, corral.run.watchdog;"
         "print('matplotlib' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

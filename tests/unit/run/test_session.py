@@ -12,9 +12,9 @@ import pytest
 
 from corral.agents.base import LaunchRequest, McpEndpoint, ProviderEndpoint
 from corral.agents.launch import mcp_endpoints
-from corral.agents.mcp_gateway import server_argv
-from corral.agents.mcp_policy import McpServerConfig
 from corral.broker.config import BrokerConfig, RouteConfig
+from corral.broker.mcp_gateway import server_argv
+from corral.broker.mcp_policy import McpServerConfig
 from corral.errors import ConfigError
 from corral.run.agent_port import ScriptAgent
 from corral.run.agent_run import default_state_dir

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from corral.errors import UsageError
-from corral.sandbox.exec_cli import refuse_corral_state, refuse_in_writable
+from corral.exec.cli import refuse_corral_state, refuse_in_writable
 from corral.sandbox.placement import writable_tree_of
 
 

@@ -435,7 +435,7 @@ def test_hooks_path_at_the_tree_top_is_refused() -> None:
 
 
 def test_dry_run_quoting_is_exact_and_sends_no_control_bytes() -> None:
-    from corral.sandbox.exec_cli import quote_argv
+    from corral.exec.cli import quote_argv
 
     hostile = os.fsdecode(b"/w/x\x1b]0;t\x07\xff/caf\xc3\xa9 'q'/.git")
     line = quote_argv(["bwrap", "--ro-bind", hostile, "plain path"])

@@ -44,9 +44,10 @@ from corral.errors import CgroupError, LayerUnavailableError, SandboxStartError
 from corral.sandbox import mounts
 from corral.sandbox.backend import GVisorConfig, SandboxNet
 from corral.sandbox.bwrap import StagedBind
-from corral.sandbox.cgroup import Cgroup, CgroupLayout, CgroupUsage, detect_layout, sweep_stale
+from corral.sandbox.cgroup import Cgroup, CgroupLayout, detect_layout, sweep_stale
 from corral.sandbox.gvisor import bundle as bd
 from corral.sandbox.gvisor.stdio import StdioRelay
+from corral.sandbox.handle import CgroupProcessHandle
 from corral.sandbox.namespace import (
     INSIDE_UID,
     ExecResult,
@@ -300,8 +301,8 @@ class GVisorBackend:
             raise LayerUnavailableError("egress", "the spec needs a broker and none was attached")
         with_net = network is not None
         if with_net:
-            from corral.sandbox.egress import SANDBOX_PROXY_PORT
             from corral.sandbox.gvisor import net as gnet
+            from corral.sandbox.spec import SANDBOX_PROXY_PORT
 
             spec = replace(spec, env=gnet.rewrite_proxy_env(spec.env, SANDBOX_PROXY_PORT))
         if spec.allow_unix:
@@ -522,7 +523,7 @@ def _write_bundle(base: str, plan: bd.BundlePlan) -> None:
         json.dump(bd.build_config(plan), fh)
 
 
-class GVisorSandbox:
+class GVisorSandbox(CgroupProcessHandle):
     """A started runsc sandbox. Call close() last.
 
     Where the report's values come from: the exit status is runsc's, which
@@ -564,19 +565,6 @@ class GVisorSandbox:
     @property
     def pid(self) -> int:
         return self.proc.pid
-
-    def poll(self) -> int | None:
-        return self.proc.poll()
-
-    def usage(self) -> CgroupUsage | None:
-        return self.cgroup.usage() if self.cgroup else None
-
-    def kill_all(self) -> None:
-        if self.cgroup is not None:
-            with contextlib.suppress(CgroupError):
-                self.cgroup.kill()
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.kill()
 
     def _freezer(self) -> str:
         if self.cgroup is None or "freezer" not in self.cgroup.dirs:

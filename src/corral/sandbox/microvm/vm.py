@@ -36,7 +36,8 @@ from dataclasses import dataclass
 
 from corral.errors import CgroupError, LayerUnavailableError, SandboxStartError
 from corral.sandbox.backend import MicroVMConfig, SandboxNet
-from corral.sandbox.cgroup import Cgroup, CgroupUsage, detect_layout, sweep_stale
+from corral.sandbox.cgroup import Cgroup, detect_layout, sweep_stale
+from corral.sandbox.handle import CgroupProcessHandle
 from corral.sandbox.microvm import assets as _assets
 from corral.sandbox.microvm.cpio import Entry, archive
 from corral.sandbox.microvm.plan import (
@@ -528,7 +529,7 @@ class MicroVMBackend:
         )
 
 
-class MicroVMSandbox:
+class MicroVMSandbox(CgroupProcessHandle):
     """A running VM. `wait()` or `interrupt()` reports; `close()` last, always."""
 
     def __init__(
@@ -565,19 +566,6 @@ class MicroVMSandbox:
     def qemu_stderr(self) -> bytes:
         """What QEMU itself printed (bounded), for diagnostics."""
         return bytes(self._qemu_err.data)
-
-    def poll(self) -> int | None:
-        return self.proc.poll()
-
-    def usage(self) -> CgroupUsage | None:
-        return self.cgroup.usage() if self.cgroup else None
-
-    def kill_all(self) -> None:
-        if self.cgroup is not None:
-            with contextlib.suppress(CgroupError):
-                self.cgroup.kill()
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.kill()
 
     def _freezer(self, state: str) -> None:
         if self.cgroup is None or "freezer" not in self.cgroup.dirs:

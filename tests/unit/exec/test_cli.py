@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from corral.errors import UsageError
-from corral.sandbox.exec_cli import build_spec, parse_args, sandbox_env, validate_path
+from corral.exec.cli import build_spec, parse_args, sandbox_env, validate_path
 
 
 def test_parse_args_with_separator() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.sandbox import init
+from corral._payload import init
 
 
 @pytest.mark.parametrize("value", ['a"b\\c\n\x01', "é☃", "plain", "", 0, -3, 125, True, False])

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from types import FrameType
     from typing import NoReturn
 
-    from corral.sandbox.backend_config import BackendConfig
     from corral.sandbox.spec import SandboxSpec
 
 __all__ = ["build_spec", "parse_args", "run_exec", "sandbox_env", "validate_path"]
@@ -253,7 +252,7 @@ def build_spec(ns: argparse.Namespace, cmd: list[str], caller_env: dict[str, str
     extra = _setenv(ns.setenv)
     config_json = broker_config_json(ns.allow, ns.config, writable)
     if config_json is not None:
-        from corral.sandbox.egress import sandbox_proxy_env
+        from corral.broker.proxy_env import sandbox_proxy_env
 
         extra = {**sandbox_proxy_env(), **extra}
     return SandboxSpec(
@@ -435,27 +434,7 @@ def run_exec(argv: Sequence[str]) -> int:
         sys.stderr.write(f"corral exec: {exc}\n")
         return EXIT_USAGE
 
-    if config.kind in ("microvm", "gvisor"):
-        # These two compose `corral exec` themselves (journal, stdio relay,
-        # setid sweep) until they take the namespace path's Protocol options.
-        if config.kind == "microvm":
-            from corral.sandbox.microvm.exec import execute as execute_own
-        else:
-            from corral.sandbox.gvisor.exec import execute as execute_own
-
-        def execute(
-            spec: SandboxSpec,
-            *,
-            backend: BackendConfig,
-            journal: str | None,
-            dry_run: bool,
-            interrupted_exc: type[BaseException],
-        ) -> tuple[dict[str, object], int] | None:
-            return execute_own(
-                spec, journal=journal, dry_run=dry_run, interrupted_exc=interrupted_exc
-            )
-    else:
-        from corral.sandbox.exec_run import execute
+    from corral.exec.compose import execute
 
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, _on_signal)

@@ -9,16 +9,15 @@ import sys
 
 from corral.sandbox.backend_config import BackendConfig, load_backend
 from corral.sandbox.spec import ExecResult, SandboxSpec
-from corral.sandbox.unix_journal import unix_observer
 
 # Not `typing.TYPE_CHECKING`: importing typing costs ~5 ms on every `corral exec`.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from corral.broker.attach import EgressBroker
     from corral.broker.journal import Journal
     from corral.sandbox.backend import Sandbox
-    from corral.sandbox.egress import EgressBroker
     from corral.sandbox.terminal import PtyRelay
 
 __all__ = ["execute"]
@@ -173,9 +172,16 @@ def execute(
     """
     sandboxes = load_backend(backend)
     if dry_run:
-        from corral.sandbox.exec_cli import quote_argv
+        from corral.exec.cli import quote_argv
 
         sys.stdout.write(quote_argv(sandboxes.preview(spec)) + "\n")
+        if backend.kind == "gvisor":
+            import json
+
+            from corral.sandbox.gvisor.backend import GVisorBackend
+
+            assert isinstance(sandboxes, GVisorBackend)
+            sys.stdout.write(json.dumps(sandboxes.preview_config(spec), indent=1) + "\n")
         if spec.unprotect:
             sys.stderr.write(f"corral exec: unprotected: {' '.join(sorted(spec.unprotect))}\n")
         return None
@@ -201,8 +207,8 @@ def execute(
             jw = stack.enter_context(Journal(journal_path))
         egress: EgressBroker | None = None
         if spec.network.needs_broker:
+            from corral.broker.attach import EgressBroker
             from corral.broker.tls_setup import apply_to_spec
-            from corral.sandbox.egress import EgressBroker
 
             spec = apply_to_spec(spec, stack)
             assert journal_path is not None and spec.network.broker_config is not None
@@ -214,7 +220,14 @@ def execute(
                 env=spec.env_kind,
             )
             stack.callback(egress.stop)
-        relay = _terminal_relay(stack)
+        # The microVM's output comes over QEMU's serial channel, which has no
+        # terminal to hand out; the guest's stdin is /dev/null.
+        relay = _terminal_relay(stack) if backend.kind != "microvm" else None
+        observer = None
+        if jw is not None:
+            from corral.broker.unix_journal import unix_observer
+
+            observer = unix_observer(jw, spec=spec, run=run)
         running: Sandbox | None = None
         try:
             if relay is not None:
@@ -223,7 +236,7 @@ def execute(
                 spec,
                 network=egress.attach if egress else None,
                 stdio=relay.stdio if relay is not None else None,
-                unix_observer=unix_observer(jw, spec=spec, run=run) if jw is not None else None,
+                unix_observer=observer,
             )
             if relay is not None:
                 relay.spawned()

@@ -14,27 +14,26 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from corral.errors import BrokerError
+from corral.broker.proxy_env import SANDBOX_PROXY_PORT, sandbox_proxy_env
 
 if TYPE_CHECKING:
+    import socket
+
     from corral.broker.process import BrokerProcess
-    from corral.sandbox.backend import SandboxNet
 
-__all__ = ["SANDBOX_PROXY_PORT", "EgressBroker", "sandbox_proxy_env"]
-
-#: The broker's port on the sandbox's own loopback.
-SANDBOX_PROXY_PORT = 3128
+__all__ = ["SANDBOX_PROXY_PORT", "EgressBroker", "Listener", "sandbox_proxy_env"]
 
 
-def sandbox_proxy_env() -> dict[str, str]:
-    """Variables that point the sandbox's clients at the broker."""
-    from corral.broker.process import proxy_env
+class Listener(Protocol):
+    """What the broker needs of a sandbox: a listening socket on its own loopback.
 
-    env = proxy_env(SANDBOX_PROXY_PORT)
-    env["CORRAL_BROKER_URL"] = f"http://127.0.0.1:{SANDBOX_PROXY_PORT}"
-    return env
+    A backend's `SandboxNet` satisfies it; declared here so that the broker
+    depends on no sandbox module.
+    """
+
+    def listen(self, port: int) -> socket.socket: ...
 
 
 class EgressBroker:
@@ -62,7 +61,7 @@ class EgressBroker:
         self.ready_timeout_s = ready_timeout_s
         self.process: BrokerProcess | None = None
 
-    def attach(self, net: SandboxNet) -> None:
+    def attach(self, net: Listener) -> None:
         from corral.broker.config import BrokerConfig
         from corral.broker.process import start_broker
 
@@ -81,7 +80,8 @@ class EgressBroker:
             sock.close()
         try:
             self.process.wait_ready(self.ready_timeout_s)
-        except BrokerError:
+        except BaseException:
+            # Also on an interrupt while waiting: no broker may outlive a failed attach.
             self.stop()
             raise
 

@@ -9,8 +9,27 @@ from corral.sandbox.spec import SandboxSpec
 # Not `typing.TYPE_CHECKING`: importing typing costs ~5 ms on every `corral exec`.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Protocol
+
     from corral.broker.journal import Journal
-    from corral.sandbox.unix_admit import UnixConnectEvent
+
+    class UnixConnectEvent(Protocol):
+        """What the journal needs of a decided connect (`sandbox/unix_admit.py`
+        produces them); declared here so that the broker needs no sandbox module."""
+
+        @property
+        def pid(self) -> int: ...
+        @property
+        def path(self) -> str: ...
+        @property
+        def allow(self) -> bool: ...
+        @property
+        def rule(self) -> str: ...
+        @property
+        def reason(self) -> str: ...
+        @property
+        def error(self) -> int: ...
+
 
 __all__ = ["unix_observer"]
 

@@ -12,7 +12,7 @@ stateless, JSON responses) with one endpoint per upstream server; the agent's
 MCP config points at it through a broker route, so from inside the agent's
 sandbox it is `http://127.0.0.1:3128/routes/mcp/<server>/mcp`.
 
-Every `tools/call` is decided by `corral.agents.mcp_policy.decide_tool_call`
+Every `tools/call` is decided by `corral.broker.mcp_policy.decide_tool_call`
 and journaled (an `McpCall` observation, committed *before* the call is
 forwarded; its outcome appended after). A denied call never reaches the
 server: the agent gets a tool result with `isError: true` whose text starts
@@ -43,10 +43,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from corral.agents.body_limit import BodyLimit
-from corral.agents.mcp_policy import McpPolicy, McpServerConfig, decide_tool_call
 from corral.broker.actions import Identity, McpCall, Observation, ProcessEvent
+from corral.broker.body_limit import BodyLimit
 from corral.broker.journal import Journal
+from corral.broker.mcp_policy import McpPolicy, McpServerConfig, decide_tool_call
 from corral.broker.policy import Decision, DecisionContext, Policy
 from corral.errors import AgentError
 

@@ -19,7 +19,7 @@ def doctor(
     from rich.console import Console
     from rich.table import Table
 
-    from corral.sandbox import probe
+    from corral import doctor as probe
 
     layers = probe.all_layers()
     rows: list[dict[str, object]] = [
@@ -80,8 +80,8 @@ def doctor(
 
 def _smoke_test() -> tuple[bool, str]:
     from corral.errors import CorralError
+    from corral.exec.cli import sandbox_env
     from corral.sandbox.backend import NamespaceConfig
-    from corral.sandbox.exec_cli import sandbox_env
     from corral.sandbox.reaper import become_subreaper
     from corral.sandbox.spec import SandboxSpec
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.agents.mcp_policy import (
+from corral.broker.mcp_policy import (
     McpPolicy,
     decide_tool_call,
     load_mcp_policy,
