@@ -185,14 +185,13 @@ def register(app: typer.Typer) -> None:
         runs_dir: Annotated[Path | None, _RUNS_DIR] = None,
         as_json: Annotated[bool, typer.Option("--json", help="one JSON object per run")] = False,
     ) -> None:
-        """Every run: state, session n/N, checks passing, observations allowed/denied."""
+        """Every run: agent, start, state, session n/N, checks passing, allowed/denied."""
         runs_dir = _runs("status", runs_dir)
         from rich.console import Console
-        from rich.table import Table
 
-        from corral.display import text
         from corral.errors import UsageError
         from corral.run.control import find_run, list_runs, run_status
+        from corral.run.statusview import plain_line, render_statuses
 
         try:
             layouts = [find_run(run_ref, runs_dir)] if run_ref else list_runs(runs_dir)
@@ -206,26 +205,13 @@ def register(app: typer.Typer) -> None:
         if not statuses:
             typer.echo(f"no runs in {runs_dir}")
             return
-        table = Table(show_header=True, header_style="bold")
-        table.add_column("run", no_wrap=True)
-        for col in ("state", "session", "checks", "allowed", "denied", "memory peak/cap"):
-            table.add_column(col)
-        table.add_column("ended because", overflow="fold")
-        for st in statuses:
-            d = st.to_json_dict()
-            # Text cells: a str cell is rich markup, and run state is read back
-            # from files a crashed or hostile run may have left behind.
-            table.add_row(
-                text(d["id"]),
-                text(d["state"]),
-                text(f"{d['session']}/{d['max_sessions']}"),
-                text(f"{d['checks_passed']}/{d['checks_total']}"),
-                text(st.allowed),
-                text(st.denied),
-                text(f"{st.run.peak_memory >> 20}/{st.run.memory_cap >> 20} MiB"),
-                text(st.run.end_reason or "", limit=120),
-            )
-        Console().print(table)
+        console = Console()
+        if not console.is_terminal:
+            # Piped: one line a run, no table whose width would be guessed.
+            for st in statuses:
+                sys.stdout.write(plain_line(st) + "\n")
+            return
+        console.print(render_statuses(statuses, console.width))
 
     @app.command("top")
     def top(
