@@ -285,6 +285,10 @@ def build_spec(ns: argparse.Namespace, cmd: list[str], caller_env: dict[str, str
         from corral.sandbox.egress import sandbox_proxy_env
 
         extra = {**sandbox_proxy_env(), **extra}
+    else:
+        from corral.sandbox.nodns import no_egress_env
+
+        extra = {**no_egress_env(), **extra}
     return SandboxSpec(
         argv=tuple(cmd),
         workspace=workspace,
