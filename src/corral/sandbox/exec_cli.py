@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from types import FrameType
     from typing import NoReturn
 
+    from _typeshed import SupportsWrite
+
     from corral.sandbox.backend_config import BackendConfig
     from corral.sandbox.spec import SandboxSpec
 
@@ -57,6 +59,11 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"corral exec: {message}\n")
         raise SystemExit(EXIT_USAGE)
+
+    def print_help(self, file: SupportsWrite[str] | None = None) -> None:
+        from corral.helpview import print_argparse_help
+
+        print_argparse_help(self, "corral exec [OPTIONS] -- CMD [ARG...]")
 
 
 def _parser() -> _Parser:
