@@ -13,9 +13,7 @@ system:
 	bash scripts/install-system.sh
 
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	bash scripts/install-venv.sh $(PYTHON) $(VENV)
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -42,7 +42,8 @@ for agent in "${agents[@]}"; do
     echo "$agent: $pkg@$ver already installed in $prefix"
     continue
   fi
-  echo "$agent: installing $pkg@$ver into $prefix"
+  echo "$agent: installing $pkg@$ver into $prefix (npm is quiet; a minute on a fresh machine)"
+  t0=$SECONDS
   mkdir -p "$prefix"
   # --no-fund/--no-audit: no extra registry traffic; --save-exact pins the lock file.
   npm install --prefix "$prefix" --save-exact --no-fund --no-audit --loglevel=error "$pkg@$ver"
@@ -50,4 +51,5 @@ for agent in "${agents[@]}"; do
     echo "install-agents: $pkg@$ver did not install into $prefix" >&2
     exit 1
   }
+  echo "$agent: installed in $((SECONDS - t0)) s"
 done

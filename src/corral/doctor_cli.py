@@ -17,7 +17,6 @@ def doctor(
 ) -> None:
     """Which protection layers this host can provide, and why not."""
     from rich.console import Console
-    from rich.table import Table
 
     from corral import doctor as probe
 
@@ -48,20 +47,13 @@ def doctor(
     if as_json:
         typer.echo(json.dumps({"ready": ready, "layers": rows}, indent=2))
         raise typer.Exit(0 if ready else 1)
+    from corral.doctorview import plain_lines, render_layers
+
     console = Console()
-    table = Table(title="corral doctor: protection layers on this host")
-    table.add_column("layer")
-    table.add_column("status")
-    table.add_column("why")
-    table.add_column("what to do")
-    for r in rows:
-        status = "[green]available[/]" if r["available"] else "[red]unavailable[/]"
-        table.add_row(str(r["layer"]), status, str(r["reason"]), str(r["hint"]))
-    console.print(table)
-    # The microvm backend's acceleration, on one unwrapped line (the table wraps it).
-    kvm = next((s for s in layers if s.name == "kvm"), None)
-    if kvm is not None and not kvm.available:
-        typer.echo(f"kvm: {kvm.reason}")
+    if console.is_terminal:
+        console.print(render_layers(rows))
+    else:
+        typer.echo("\n".join(plain_lines(rows)))
     if ready:
         console.print("[green]The default namespace profile can run on this host.[/]")
     else:

@@ -39,6 +39,8 @@ AREA_PREFIXES: tuple[tuple[str, str], ...] = (
     ("corral.exec", "exec"),
     ("corral.verify", "verify"),
     ("corral.doctor", "doctor"),
+    ("corral.doctorview", "doctor"),
+    ("corral.helpview", "base"),
     ("corral.agents", "agents"),
     ("corral.broker", "broker"),
     ("corral.provider", "provider"),
@@ -91,7 +93,8 @@ SAME_LAYER: Mapping[tuple[str, str], str] = {
 
 #: Areas that may import only these areas (besides their own).
 ONLY: Mapping[str, frozenset[str]] = {
-    "sandbox": frozenset({"spec", "errors", "payload-path"}),
+    # "base" holds pure helpers (bounded JSON, display sanitising) below the sandbox.
+    "sandbox": frozenset({"spec", "errors", "payload-path", "base"}),
     "spec": frozenset(),
     "errors": frozenset(),
     "payload-path": frozenset(),
@@ -392,7 +395,7 @@ def test_checker_flags_upward_and_sideways_imports() -> None:
     g = _g(
         ("corral.sandbox.namespace", ("corral.broker.journal",)),
         ("corral.broker.journal", ("corral.run.store",)),
-        ("corral.agents.base", ("corral.broker.config",)),
+        ("corral.provider.engine", ("corral.broker.config",)),
         ("corral.broker.config", ()),
         ("corral.run.store", ()),
     )
@@ -400,7 +403,7 @@ def test_checker_flags_upward_and_sideways_imports() -> None:
     assert len(found) == 3
     assert "corral.sandbox.namespace:1 imports corral.broker.journal" in found[0]
     assert "broker -> run" in found[1]
-    assert "agents -> broker" in found[2]
+    assert "provider -> broker" in found[2]
 
 
 def test_checker_finds_a_package_cycle() -> None:

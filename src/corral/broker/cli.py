@@ -11,13 +11,11 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from rich.table import Table
+    from rich.console import RenderableType
 
     from corral.broker.journal import JournalRow
 
 __all__ = ["journal_path", "register", "render_table"]
-
-_COLOURS = {"allow": "green", "deny": "bold red", "observe": "cyan"}
 
 
 def journal_path(target: Path) -> Path:
@@ -27,41 +25,32 @@ def journal_path(target: Path) -> Path:
     return target
 
 
-def render_table(rows: list[JournalRow]) -> Table:
-    """The rich table `corral log` prints (pure)."""
-    from rich.table import Table
+def render_table(rows: list[JournalRow]) -> RenderableType:
+    """The wide-terminal table `corral log` prints (pure)."""
+    from corral.broker.logview import WIDE, render_rows
 
-    from corral.display import text
+    return render_rows(rows, WIDE)
 
-    table = Table(show_header=True, header_style="bold", expand=False)
-    for column in ("id", "time", "env", "kind", "decision"):
-        table.add_column(column, no_wrap=True)
-    for column in ("target", "rule", "reason"):
-        table.add_column(column, overflow="fold", ratio=1)
-    table.add_column("bytes up/down", no_wrap=True)
-    for r in rows:
-        # Every cell is a Text: a journal row carries what the sandbox asked
-        # for, and a str cell would be parsed as rich markup.
-        table.add_row(
-            text(r.id),
-            text(r.time[11:19]),
-            text(r.env),
-            text(r.kind),
-            text(r.decision, style=_COLOURS.get(r.decision, "")),
-            text(r.target),
-            text(r.rule or ""),
-            text(r.reason),
-            text(f"{r.bytes_up}/{r.bytes_down}"),
-        )
-    return table
+
+def _journal_of(ref: str, runs_dir: Path | None) -> Path:
+    """A journal file, a run directory, or a run id/prefix (found like `corral status`)."""
+    given = Path(ref)
+    if given.exists() or "/" in ref or ref.endswith(".sqlite"):
+        return journal_path(given)
+    from corral.run.control import find_run
+    from corral.run.runsdir import resolve_runs_dir
+
+    return find_run(ref, resolve_runs_dir(runs_dir)).journal
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the corral app."""
 
     @app.command("log")
-    def log(
-        file: Annotated[Path, typer.Argument(help="journal file or run directory")],
+    def log(  # noqa: PLR0917
+        file: Annotated[
+            str, typer.Argument(metavar="RUN", help="run id, run directory or journal file")
+        ],
         denied: Annotated[bool, typer.Option("--denied", help="only denials")] = False,
         kind: Annotated[
             str | None, typer.Option("--kind", help="only this kind, e.g. http_request")
@@ -72,14 +61,23 @@ def register(app: typer.Typer) -> None:
         follow: Annotated[
             bool, typer.Option("--follow", "-f", help="keep printing new rows")
         ] = False,
+        runs_dir: Annotated[
+            Path | None, typer.Option("--runs-dir", help="where runs live (as corral status)")
+        ] = None,
     ) -> None:
         """Print the observations of a journal."""
         from rich.console import Console
 
         from corral.broker.journal import read_rows
-        from corral.errors import JournalError
+        from corral.broker.logview import plain_line, render_rows
+        from corral.display import show
+        from corral.errors import JournalError, UsageError
 
-        path = journal_path(file)
+        try:
+            path = _journal_of(file, runs_dir)
+        except UsageError as exc:
+            typer.echo(f"corral log: {show(exc, 2000)}", err=True)
+            raise typer.Exit(2) from exc
         console = Console()
         last = 0
         try:
@@ -93,14 +91,17 @@ def register(app: typer.Typer) -> None:
                         # surrogate in a value reaches the terminal as a \u escape.
                         sys.stdout.write(json.dumps(row.to_json_dict()) + "\n")
                     sys.stdout.flush()
+                elif not console.is_terminal:
+                    # Piped: no table, whose width would be guessed; one line a record.
+                    for row in rows:
+                        sys.stdout.write(plain_line(row) + "\n")
+                    sys.stdout.flush()
                 elif rows or not follow:
-                    console.print(render_table(rows))
+                    console.print(render_rows(rows, console.width))
                 if not follow:
                     return
                 time.sleep(0.25)
         except JournalError as exc:
-            from corral.display import show
-
             typer.echo(f"corral log: {show(exc, 2000)}", err=True)
             raise typer.Exit(1) from exc
         except KeyboardInterrupt:

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from types import FrameType
     from typing import NoReturn
 
+    from _typeshed import SupportsWrite
+
     from corral.sandbox.spec import SandboxSpec
 
 __all__ = ["build_spec", "parse_args", "run_exec", "sandbox_env", "validate_path"]
@@ -56,6 +58,11 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"corral exec: {message}\n")
         raise SystemExit(EXIT_USAGE)
+
+    def print_help(self, file: SupportsWrite[str] | None = None) -> None:
+        from corral.helpview import print_argparse_help
+
+        print_argparse_help(self, "corral exec [OPTIONS] -- CMD [ARG...]")
 
 
 def _parser() -> _Parser:
@@ -141,6 +148,34 @@ def _parser() -> _Parser:
     return p
 
 
+def _glue_dash_values(parser: argparse.ArgumentParser, opts: list[str]) -> list[str]:
+    """`--memory -5M` as `--memory=-5M`, so the value's own check reports it.
+
+    argparse takes a word starting with `-` after an option for another option
+    and says only "expected one argument".
+    """
+    takes_value = {
+        s for a in parser._actions if a.nargs is None and a.option_strings for s in a.option_strings
+    }
+    out: list[str] = []
+    i = 0
+    while i < len(opts):
+        word = opts[i]
+        nxt = opts[i + 1] if i + 1 < len(opts) else None
+        if (
+            word in takes_value
+            and nxt is not None
+            and nxt.startswith("-")
+            and nxt.split("=", 1)[0] not in parser._option_string_actions
+        ):
+            out.append(f"{word}={nxt}")
+            i += 2
+            continue
+        out.append(word)
+        i += 1
+    return out
+
+
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     argv = list(argv)
     if "--" in argv:
@@ -150,7 +185,8 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         # Without `--`, the first word that is not an option (or an option's
         # value) starts the command.
         opts, cmd = argv, []
-    ns, rest = _parser().parse_known_args(opts)
+    parser = _parser()
+    ns, rest = parser.parse_known_args(_glue_dash_values(parser, opts))
     if rest:
         if "--" in argv or rest[0].startswith("-"):
             _parser().error(f"unrecognized arguments: {' '.join(rest)}")
@@ -244,7 +280,7 @@ def build_spec(ns: argparse.Namespace, cmd: list[str], caller_env: dict[str, str
     limits = Limits(
         memory_bytes=parse_size(ns.memory) if ns.memory is not None else None,
         pids=_parse_pids(ns.pids) if ns.pids is not None else None,
-        cpus=parse_cpus(ns.cpus) if ns.cpus is not None else None,
+        cpus=parse_cpus(ns.cpus, len(os.sched_getaffinity(0))) if ns.cpus is not None else None,
         timeout_s=parse_duration(ns.timeout) if ns.timeout is not None else None,
         disk_bytes=parse_size(ns.disk) if ns.disk is not None else None,
     )
@@ -255,6 +291,10 @@ def build_spec(ns: argparse.Namespace, cmd: list[str], caller_env: dict[str, str
         from corral.broker.proxy_env import sandbox_proxy_env
 
         extra = {**sandbox_proxy_env(), **extra}
+    else:
+        from corral.sandbox.nodns import no_egress_env
+
+        extra = {**no_egress_env(), **extra}
     return SandboxSpec(
         argv=tuple(cmd),
         workspace=workspace,

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from corral.broker.attach import EgressBroker
     from corral.broker.journal import Journal
     from corral.sandbox.backend import Sandbox
+    from corral.sandbox.nodns import NoEgressDns
     from corral.sandbox.terminal import PtyRelay
 
 __all__ = ["execute"]
@@ -46,6 +47,28 @@ def _journal_event(
         detail=detail or {},
     )
     journal.append(obs)
+
+
+def _journal_nodns(
+    journal: Journal | None, *, spec: SandboxSpec, run: str, nodns: NoEgressDns
+) -> None:
+    """Say why lookups failed (stderr) and journal each refused name (bounded)."""
+    if not nodns.queries:
+        return
+    from corral.sandbox.nodns import hint
+
+    message = hint(nodns.names, nodns.queries)
+    sys.stderr.write(f"corral exec: {message}\n")
+    for name in nodns.names:
+        _journal_event(
+            journal,
+            spec=spec,
+            run=run,
+            event="dns_refused",
+            decision="deny",
+            reason=f"egress is off: lookup of {name[:253]} refused; allow it with --allow HOST",
+            detail={"name": name[:253], "queries_total": nodns.queries},
+        )
 
 
 def _journal_protect(
@@ -228,13 +251,22 @@ def execute(
             from corral.broker.unix_journal import unix_observer
 
             observer = unix_observer(jw, spec=spec, run=run)
+        nodns: NoEgressDns | None = None
+        # The responder listens in the sandbox's own netns; gVisor and the
+        # microVM have their own network stacks and no host-side loopback to use.
+        if not spec.network.needs_broker and backend.kind == "namespace":
+            from corral.sandbox.nodns import NoEgressDns
+            from corral.sandbox.nodns import attach as nodns_attach
+
+            nodns = NoEgressDns()
+            stack.callback(nodns.stop)
         running: Sandbox | None = None
         try:
             if relay is not None:
                 relay.start()
             running = sandboxes.start(
                 spec,
-                network=egress.attach if egress else None,
+                network=egress.attach if egress else nodns_attach(nodns) if nodns else None,
                 stdio=relay.stdio if relay is not None else None,
                 unix_observer=observer,
             )
@@ -263,6 +295,9 @@ def execute(
         if egress is not None:
             egress.stop()
             result = dataclasses.replace(result, layers={**result.layers, "broker": True})
+        if nodns is not None:
+            nodns.stop()
+            _journal_nodns(jw, spec=spec, run=run, nodns=nodns)
         unchecked = _strip_setid(jw, run, spec)
         created = _created_below(jw, spec=spec, run=run, running=running)
         _journal_outcome(jw, run, result, spec)

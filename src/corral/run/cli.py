@@ -17,7 +17,10 @@ import typer
 
 __all__ = ["register"]
 
-_RUNS_DIR = typer.Option("--runs-dir", help="where runs live")
+_RUNS_DIR = typer.Option(
+    "--runs-dir",
+    help="where runs live (default: $CORRAL_RUNS_DIR, else the nearest .corral/runs upward)",
+)
 
 
 def _fail(cmd: str, message: str, code: int) -> typer.Exit:
@@ -26,6 +29,16 @@ def _fail(cmd: str, message: str, code: int) -> typer.Exit:
     # Messages can quote the workspace (a git error naming a file).
     typer.echo(f"corral {cmd}: {show(message, 2000)}", err=True)
     return typer.Exit(code)
+
+
+def _runs(cmd: str, given: Path | None, *, create: bool = False) -> Path:
+    from corral.errors import UsageError
+    from corral.run.runsdir import resolve_runs_dir
+
+    try:
+        return resolve_runs_dir(given, create=create)
+    except UsageError as exc:
+        raise _fail(cmd, str(exc), 2) from exc
 
 
 def _drive(cmd: str, layout_root: Path, plain: bool) -> None:
@@ -77,7 +90,7 @@ def register(app: typer.Typer) -> None:
                 "--provider-key", help="a compatible provider's key: env:NAME | file:/PATH"
             ),
         ] = None,
-        runs_dir: Annotated[Path, _RUNS_DIR] = Path(".corral/runs"),
+        runs_dir: Annotated[Path | None, _RUNS_DIR] = None,
         run_id: Annotated[str | None, typer.Option("--id", help="the run's id")] = None,
         plain: Annotated[bool, typer.Option("--plain", help="plain progress lines")] = False,
     ) -> None:
@@ -89,6 +102,7 @@ def register(app: typer.Typer) -> None:
 
         if run_id is not None and (not run_id[:1].isalpha() or "/" in run_id):
             raise _fail("run", f"a run id starts with a letter and has no '/': {run_id!r}", 2)
+        runs_dir = _runs("run", runs_dir, create=True)
         try:
             sweep_stale(runs_dir)
             m = load_mission(mission, provider, provider_key)
@@ -104,10 +118,11 @@ def register(app: typer.Typer) -> None:
     @app.command("resume")
     def resume(
         run_ref: Annotated[str, typer.Argument(metavar="RUN", help="run id or directory")],
-        runs_dir: Annotated[Path, _RUNS_DIR] = Path(".corral/runs"),
+        runs_dir: Annotated[Path | None, _RUNS_DIR] = None,
         plain: Annotated[bool, typer.Option("--plain", help="plain progress lines")] = False,
     ) -> None:
         """Thaw a paused run, or continue one after a stop, a crash or a reboot."""
+        runs_dir = _runs("resume", runs_dir)
         from corral.errors import CorralError, RunDiskError, UsageError
         from corral.run.control import find_run
         from corral.run.pause import thaw_run
@@ -133,9 +148,10 @@ def register(app: typer.Typer) -> None:
     @app.command("pause")
     def pause(
         run_ref: Annotated[str, typer.Argument(metavar="RUN", help="run id or directory")],
-        runs_dir: Annotated[Path, _RUNS_DIR] = Path(".corral/runs"),
+        runs_dir: Annotated[Path | None, _RUNS_DIR] = None,
     ) -> None:
         """Freeze every process of a run where it is; `corral resume` thaws it."""
+        runs_dir = _runs("pause", runs_dir)
         from corral.errors import CorralError, UsageError
         from corral.run.control import find_run
         from corral.run.pause import pause_run
@@ -153,10 +169,11 @@ def register(app: typer.Typer) -> None:
     @app.command("stop")
     def stop(
         run_ref: Annotated[str, typer.Argument(metavar="RUN", help="run id or directory")],
-        runs_dir: Annotated[Path, _RUNS_DIR] = Path(".corral/runs"),
+        runs_dir: Annotated[Path | None, _RUNS_DIR] = None,
         timeout: Annotated[float, typer.Option("--timeout", help="seconds before SIGKILL")] = 20.0,
     ) -> None:
         """Kill everything of a run; its state is kept for `corral resume`."""
+        runs_dir = _runs("stop", runs_dir)
         from corral.errors import UsageError
         from corral.run.control import find_run, stop_run
         from corral.run.store import RunLockedError
@@ -175,16 +192,16 @@ def register(app: typer.Typer) -> None:
         run_ref: Annotated[
             str | None, typer.Argument(metavar="[RUN]", help="one run (default: all)")
         ] = None,
-        runs_dir: Annotated[Path, _RUNS_DIR] = Path(".corral/runs"),
+        runs_dir: Annotated[Path | None, _RUNS_DIR] = None,
         as_json: Annotated[bool, typer.Option("--json", help="one JSON object per run")] = False,
     ) -> None:
-        """Every run: state, session n/N, checks passing, observations allowed/denied."""
+        """Every run: agent, start, state, session n/N, checks passing, allowed/denied."""
+        runs_dir = _runs("status", runs_dir)
         from rich.console import Console
-        from rich.table import Table
 
-        from corral.display import text
         from corral.errors import UsageError
         from corral.run.control import find_run, list_runs, run_status
+        from corral.run.statusview import plain_line, render_statuses
 
         try:
             layouts = [find_run(run_ref, runs_dir)] if run_ref else list_runs(runs_dir)
@@ -198,34 +215,22 @@ def register(app: typer.Typer) -> None:
         if not statuses:
             typer.echo(f"no runs in {runs_dir}")
             return
-        table = Table(show_header=True, header_style="bold")
-        table.add_column("run", no_wrap=True)
-        for col in ("state", "session", "checks", "allowed", "denied", "memory peak/cap"):
-            table.add_column(col)
-        table.add_column("ended because", overflow="fold")
-        for st in statuses:
-            d = st.to_json_dict()
-            # Text cells: a str cell is rich markup, and run state is read back
-            # from files a crashed or hostile run may have left behind.
-            table.add_row(
-                text(d["id"]),
-                text(d["state"]),
-                text(f"{d['session']}/{d['max_sessions']}"),
-                text(f"{d['checks_passed']}/{d['checks_total']}"),
-                text(st.allowed),
-                text(st.denied),
-                text(f"{st.run.peak_memory >> 20}/{st.run.memory_cap >> 20} MiB"),
-                text(st.run.end_reason or "", limit=120),
-            )
-        Console().print(table)
+        console = Console()
+        if not console.is_terminal:
+            # Piped: one line a run, no table whose width would be guessed.
+            for st in statuses:
+                sys.stdout.write(plain_line(st) + "\n")
+            return
+        console.print(render_statuses(statuses, console.width))
 
     @app.command("top")
     def top(
-        runs_dir: Annotated[Path, _RUNS_DIR] = Path(".corral/runs"),
+        runs_dir: Annotated[Path | None, _RUNS_DIR] = None,
         once: Annotated[bool, typer.Option("--once", help="one table, then exit")] = False,
         as_json: Annotated[bool, typer.Option("--json", help="one JSON object per row")] = False,
     ) -> None:
         """Each live run and environment: memory (current/peak/cap), CPU %, pids, PSI."""
+        runs_dir = _runs("top", runs_dir)
         from rich.console import Console
 
         from corral.run.control import list_runs

@@ -578,6 +578,7 @@ class Coordinator:
         sha = repo.commit_all(f"session {n}: {end_reason}")
         store.update_session(n, commit_sha=sha, phase="product")
         store.update_run(last_commit=sha)
+        self.progress.update(phase="snapshot", activity=f"snapshot of {sha[:12]} for the checks")
         skipped = _snapshot(repo, sha, self.layout.snapshot(n))
         if skipped:
             store.event("snapshot_skipped", session=n, members=skipped[:50])

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from corral.errors import ConfigError, UsageError
-from corral.sandbox.units import parse_cpus, parse_duration, parse_size
+from corral.sandbox.units import format_size, parse_cpus, parse_duration, parse_size
 
 if TYPE_CHECKING:
     from corral.broker.mcp_policy import McpPolicy
@@ -151,13 +151,23 @@ class Limits(BaseModel):
 
     @model_validator(mode="after")
     def _fits(self) -> Limits:
-        for name in ("agent", "product", "verifier"):
-            env: EnvLimits = getattr(self, name)
-            if env.memory is not None and env.memory > self.run_memory:
-                raise ValueError(
-                    f"{name}.memory ({env.memory} bytes) exceeds run_memory "
-                    f"({self.run_memory} bytes)"
-                )
+        over = [
+            (name, env.memory)
+            for name in ("agent", "product", "verifier")
+            if (env := getattr(self, name)).memory is not None and env.memory > self.run_memory
+        ]
+        if over:
+            least = max(m for _, m in over)
+            # The message starts with the key it is about: parse_mission points at its line.
+            whose = ", ".join(
+                f"limits.{name}.memory = {format_size(m)}"
+                + ("" if name in self.model_fields_set else " (the default)")
+                for name, m in over
+            )
+            raise ValueError(
+                f"run_memory = {format_size(self.run_memory)} is less than {whose}; "
+                f"limits.run_memory must be at least {format_size(least)}"
+            )
         return self
 
 
@@ -600,6 +610,43 @@ def _fmt_loc(loc: tuple[int | str, ...]) -> str:
     return out or "front matter"
 
 
+def _line_of(front: str, first_line: int, loc: tuple[int | str, ...], msg: str) -> int:
+    """The mission line an error at `loc` is about; the opening `+++` when none is.
+
+    A model-level message that starts with one of its keys (`run_memory = ...`)
+    is about that key's line; a missing key is reported at the nearest enclosing
+    table that exists.
+    """
+    key = re.match(r"^(?:Value error, )?([a-z_]+) = ", msg)
+    if key is not None:
+        where = _locate(front, (*loc, key.group(1)))
+        if where is not None:
+            return where + first_line
+    for n in range(len(loc), 0, -1):
+        where = _locate(front, loc[:n])
+        if where is not None:
+            return where + first_line
+    return first_line - 1
+
+
+def _refuse_duplicate_checks(data: dict[str, Any], front: str, first_line: int, name: str) -> None:
+    checks = data.get("checks")
+    if not isinstance(checks, list):
+        return
+    seen: dict[str, int] = {}
+    for i, check in enumerate(checks):
+        cname = check.get("name") if isinstance(check, dict) else None
+        if not isinstance(cname, str):
+            continue
+        if cname in seen:
+            line = _line_of(front, first_line, ("checks", i, "name"), "")
+            first = _line_of(front, first_line, ("checks", seen[cname], "name"), "")
+            raise ConfigError(
+                f"{name}:{line}: duplicate check name {cname!r} (first used on line {first})"
+            )
+        seen[cname] = i
+
+
 def parse_mission(text: str, path: str | Path = "MISSION.md") -> Mission:
     """Validate a mission document; raises ConfigError naming the line and the problem."""
     name = str(path)
@@ -614,6 +661,7 @@ def parse_mission(text: str, path: str | Path = "MISSION.md") -> Mission:
             msg = msg[: m.start()].strip()
             raise ConfigError(f"{name}:{line}: TOML syntax error: {msg}") from None
         raise ConfigError(f"{name}: TOML syntax error: {msg}") from None
+    _refuse_duplicate_checks(data, front, first_line, name)
     try:
         settings = MissionSettings.model_validate(data)
     except ValidationError as exc:
@@ -622,8 +670,7 @@ def parse_mission(text: str, path: str | Path = "MISSION.md") -> Mission:
             loc = tuple(err["loc"])
             # pydantic appends the union/validator name to some locations.
             loc = tuple(p for p in loc if not (isinstance(p, str) and p.startswith("function-")))
-            where = _locate(front, loc)
-            lineno = f"{where + first_line}" if where is not None else "?"
+            lineno = _line_of(front, first_line, loc, str(err["msg"]))
             if err["type"] == "extra_forbidden":
                 what = f"unknown key '{_fmt_loc(loc)}'"
             elif err["type"] == "missing":

@@ -71,7 +71,7 @@ class NetNs:
         except OSError as exc:
             raise SandboxStartError(exc.errno, f"sandbox network namespace gone: {exc}") from exc
 
-    def _socket(self) -> socket.socket:
+    def _socket(self, kind: int = socket.SOCK_STREAM) -> socket.socket:
         if self._fd < 0:
             raise SandboxStartError(0, "the sandbox's network namespace was released")
         with _ns_lock:
@@ -79,7 +79,7 @@ class NetNs:
             try:
                 _setns(self._fd)
                 try:
-                    return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                    return socket.socket(socket.AF_INET, kind)
                 finally:
                     # Back before anything else runs on this thread.
                     _setns(own)
@@ -89,6 +89,16 @@ class NetNs:
     def listen(self, port: int) -> socket.socket:
         """A socket listening on the sandbox's 127.0.0.1:`port`."""
         return listen_on(self._socket(), port)
+
+    def datagram(self, port: int) -> socket.socket:
+        """A UDP socket bound to the sandbox's 127.0.0.1:`port`."""
+        sock = self._socket(socket.SOCK_DGRAM)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            sock.close()
+            raise
+        return sock
 
     def connect(self, port: int, timeout_s: float = 10.0) -> socket.socket:
         """A socket connected to the sandbox's 127.0.0.1:`port` (OSError when refused)."""

@@ -20,6 +20,8 @@ def parse_size(text: str) -> int:
 
     Raises UsageError on anything else, including zero.
     """
+    if text.strip().startswith("-"):
+        raise UsageError(f"size must be positive: {text!r}")
     m = _SIZE_RE.match(text)
     if m is None:
         raise UsageError(f"invalid size {text!r} (examples: 512M, 2G, 1073741824)")
@@ -43,14 +45,17 @@ def parse_duration(text: str) -> float:
     return value
 
 
-def parse_cpus(text: str) -> float:
-    """'0.5', '2' -> CPUs (> 0, at most 1024)."""
+def parse_cpus(text: str, available: int | None = None) -> float:
+    """'0.5', '2' -> CPUs (> 0, at most 1024, and at most `available` when given)."""
     try:
         value = float(text)
     except ValueError:
         raise UsageError(f"invalid CPU count {text!r} (examples: 0.5, 1, 2)") from None
     if not (0 < value <= 1024) or not math.isfinite(value):
         raise UsageError(f"CPU count must be in (0, 1024]: {text!r}")
+    if available is not None and value > available:
+        # A quota above the host's CPUs limits nothing: refused rather than ignored.
+        raise UsageError(f"CPU count {text} is more than the {available} CPUs this host has")
     return value
 
 

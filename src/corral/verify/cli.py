@@ -123,12 +123,23 @@ def _with_bar(opts: SuiteOptions, err: Console) -> Report:
         TimeElapsedColumn(),
         TextColumn("{task.description}"),
     )
+    from corral.display import text
+    from corral.verify.model import Skipped
+    from corral.verify.runner import select_probes
+    from corral.verify.tally import CategoryTally
+
+    tally = CategoryTally(p.category for p in select_probes(opts.categories, opts.probe_ids))
     with Progress(*columns, console=err, transient=True) as bar:
         task = bar.add_task("", total=None)
 
         def step(item: object, done: int, total: int) -> None:
             name = item.probe.id if isinstance(item, ProbeResult) else ""
             bar.update(task, completed=done, total=total, description=name)
+            if isinstance(item, ProbeResult | Skipped):
+                outcome = item.verdict if isinstance(item, ProbeResult) else item.status
+                line = tally.add(item.probe.category, outcome)
+                if line is not None:
+                    bar.console.print(text(line, limit=500))
 
         return run_suite(opts, step)
 

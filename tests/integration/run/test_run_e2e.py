@@ -41,6 +41,8 @@ def test_example_passes_in_two_sessions(tmp_path: Path, example: str, checks: in
     assert s1.tokens > 0 and s1.commit_sha != s2.commit_sha
     # The checks ran against the snapshot of each session's commit.
     assert (run_dir / "snapshots" / "session-2").is_dir()
+    # ... and the progress said so (issue 14: long work shows progress).
+    assert proc.stdout.count("snapshot") >= 2, proc.stdout
     assert 0 < run.peak_memory <= run.memory_cap
     report = (run_dir / "report.md").read_text()
     assert "state: **passed**" in report

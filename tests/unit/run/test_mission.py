@@ -139,7 +139,26 @@ def test_bad_allowlist_entry() -> None:
 
 
 def test_env_memory_above_run_cap() -> None:
-    assert "exceeds run_memory" in _error(GOOD.replace('memory = "512M"', 'memory = "2G"'))
+    text = GOOD.replace('memory = "512M"', 'memory = "2G"')
+    err = _error(text)
+    assert f"M.md:{_line_of(text, 'run_memory')}: 'limits': run_memory = 1G is less than" in err
+    assert "limits.agent.memory = 2G;" in err and "must be at least 2G" in err
+
+
+def test_run_memory_below_a_default_names_the_key_and_minimum_in_units() -> None:
+    text = GOOD.replace('run_memory = "1G"', 'run_memory = "1K"').replace(
+        'agent = { memory = "512M", pids = 128 }\n', ""
+    )
+    err = _error(text)
+    assert err.startswith(f"M.md:{_line_of(text, 'run_memory')}: 'limits': run_memory = 1K")
+    assert "limits.agent.memory = 2G (the default)" in err
+    assert "limits.run_memory must be at least 2G" in err
+    assert "bytes" not in err and "2147483648" not in err
+
+
+def test_missing_checks_is_reported_at_the_front_matter() -> None:
+    text = GOOD.split("[[checks]]", maxsplit=1)[0] + "+++\nbody\n"
+    assert _error(text) == "M.md:1: missing required key 'checks'"
 
 
 def test_toml_syntax_error_line_is_in_the_file() -> None:
@@ -164,7 +183,11 @@ def test_empty_description() -> None:
 
 
 def test_duplicate_check_names() -> None:
-    assert "duplicate check names" in _error(GOOD.replace('name = "tests"', 'name = "health"'))
+    text = GOOD.replace('name = "tests"', 'name = "health"')
+    lines = [i for i, t in enumerate(text.splitlines(), 1) if t == 'name = "health"']
+    assert _error(text) == (
+        f"M.md:{lines[1]}: duplicate check name 'health' (first used on line {lines[0]})"
+    )
 
 
 def test_every_error_is_reported() -> None:
