@@ -72,6 +72,7 @@ __all__ = [
     "GVisorSandbox",
     "cgroup_limits",
     "decide_exit",
+    "exec_failure",
 ]
 
 #: Bundles and runsc state, one directory per sandbox, named like its cgroup.
@@ -106,6 +107,38 @@ def decide_exit(
     if rc > 128:
         return rc, "killed"
     return rc, "exited"
+
+
+#: runsc's log is read up to this many bytes from its end.
+_LOG_TAIL = 16384
+
+
+def exec_failure(log: bytes) -> int | None:
+    """126/127 when runsc's own log says the command could not be executed, else None (pure).
+
+    runsc exits 128 both when the command exits 128 and when it could not
+    start the command; only its log (written by runsc on the host, out of the
+    command's reach) tells them apart. 127 like sh for a command not found,
+    126 for one found but not executable.
+    """
+    for line in reversed(log.splitlines()):
+        text = line.decode("utf-8", "replace")
+        if "starting sandbox:" not in text:
+            continue
+        if "error finding executable" in text or "failed to load" in text:
+            if "no such file or directory" in text:
+                return 127
+            return 126
+    return None
+
+
+def _runsc_log(path: str) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - _LOG_TAIL))
+            return fh.read(_LOG_TAIL)
+    except OSError:
+        return b""
 
 
 def cgroup_limits(limits: Limits) -> Limits:
@@ -395,6 +428,7 @@ class GVisorBackend:
                     container_id=name,
                     rootless=not self.is_root,
                     network="sandbox" if with_net else "none",
+                    log_file=os.path.join(base, "runsc.log"),
                 ),
             ]
             binds = [(spec.workspace, True), *((b.path, b.writable) for b in spec.binds)]
@@ -452,7 +486,17 @@ class GVisorBackend:
                 assert network is not None
                 link = None
                 try:
-                    link = gnet.BrokerLink(proc.pid)
+                    from corral.sandbox.gvisor.connect import ExecTarget
+
+                    target = ExecTarget(
+                        runsc=runsc,
+                        state_dir=os.path.join(base, "state"),
+                        container_id=name,
+                        uid=INSIDE_UID,
+                        gid=INSIDE_UID,
+                        cgroup_procs=cgroup.procs_files() if cgroup is not None else (),
+                    )
+                    link = gnet.BrokerLink(proc.pid, target)
                     network(link)
                     os.write(block_w, b"1\n")
                     layers["egress"] = f"broker at {gnet.BROKER_IP} on a veth link"
@@ -627,8 +671,11 @@ class GVisorSandbox:
             self._relay.close()
         usage = self.usage()
         oom = usage.oom_kills if usage else 0
+        rc = self.proc.returncode
+        if rc == 128 and not timed_out and not interrupted:
+            rc = exec_failure(_runsc_log(os.path.join(self.base, "runsc.log"))) or rc
         code, reason = decide_exit(
-            rc=self.proc.returncode, oom_kills=oom, timed_out=timed_out, interrupted=interrupted
+            rc=rc, oom_kills=oom, timed_out=timed_out, interrupted=interrupted
         )
         return ExecResult(
             exit=code,

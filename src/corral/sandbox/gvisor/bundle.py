@@ -147,6 +147,7 @@ def runsc_argv(
     container_id: str,
     rootless: bool = False,
     network: str = "none",
+    log_file: str | None = None,
 ) -> list[str]:
     """`runsc run` for one bundle: no network stack but loopback, cgroups left to corral.
 
@@ -164,6 +165,10 @@ def runsc_argv(
     ]
     if rootless:
         argv.append("--rootless")
+    if log_file is not None:
+        # runsc's own errors (e.g. the command cannot be executed) land
+        # here, apart from the command's stderr: see backend.exec_failure.
+        argv.append(f"--log={log_file}")
     argv += ["run", "--bundle", bundle_dir, container_id]
     return argv
 
