@@ -90,23 +90,30 @@ def build_config(plan: BundlePlan) -> dict[str, object]:
     for b in sorted((*plan.binds, *plan.protect_binds), key=_depth_key):
         mounts.append(_bind(b.source, b.dest, b.writable))
     no_caps: list[str] = []
+    process: dict[str, object] = {
+        "terminal": False,
+        "user": {"uid": plan.uid, "gid": plan.gid, "additionalGids": []},
+        "args": list(spec.argv),
+        "env": [f"{k}={v}" for k, v in spec.env],
+        "cwd": spec.workspace,
+        "capabilities": {
+            "bounding": no_caps,
+            "effective": list(no_caps),
+            "inheritable": list(no_caps),
+            "permitted": list(no_caps),
+            "ambient": list(no_caps),
+        },
+        "noNewPrivileges": True,
+    }
+    if spec.limits.pids is not None:
+        # The sentry enforces RLIMIT_NPROC over the command's uid, i.e. over
+        # every process of the sandbox: the exact limit the spec asks for.
+        # The cgroup only bounds gVisor's host tasks (backend.cgroup_limits).
+        n = spec.limits.pids
+        process["rlimits"] = [{"type": "RLIMIT_NPROC", "hard": n, "soft": n}]
     return {
         "ociVersion": "1.0.0",
-        "process": {
-            "terminal": False,
-            "user": {"uid": plan.uid, "gid": plan.gid, "additionalGids": []},
-            "args": list(spec.argv),
-            "env": [f"{k}={v}" for k, v in spec.env],
-            "cwd": spec.workspace,
-            "capabilities": {
-                "bounding": no_caps,
-                "effective": list(no_caps),
-                "inheritable": list(no_caps),
-                "permitted": list(no_caps),
-                "ambient": list(no_caps),
-            },
-            "noNewPrivileges": True,
-        },
+        "process": process,
         "root": {"path": "rootfs", "readonly": True},
         "hostname": spec.hostname,
         "mounts": mounts,

@@ -101,15 +101,12 @@ def forwarder_argv(target: ExecTarget, pid1: int, port: int) -> list[str]:
 
 
 def _pid1(holder: int) -> int:
-    """The host pid of pid 1 of the namespace `unshare` (pid `holder`) made."""
-    try:
-        with open(f"/proc/{holder}/task/{holder}/children", encoding="ascii") as fh:
-            kids = fh.read().split()
-    except OSError as exc:
-        raise ConnectionRefusedError(exc.errno, "the gVisor sandbox is gone") from exc
-    if not kids:
+    from corral.sandbox.gvisor.ps import sandbox_pid1
+
+    pid1 = sandbox_pid1(holder)
+    if pid1 is None:
         raise ConnectionRefusedError(0, "the gVisor sandbox is gone")
-    return int(kids[0])
+    return pid1
 
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:
