@@ -292,6 +292,7 @@ class GVisorBackend:
             protect_binds=protect,
             uid=INSIDE_UID,
             gid=INSIDE_UID,
+            etc_dir=os.path.join(os.path.dirname(files_dir), "etc") if self.is_root else None,
         )
 
     def _staged(self, spec: SandboxSpec) -> list[StagedBind]:
@@ -395,8 +396,16 @@ class GVisorBackend:
                 gid=INSIDE_UID,
                 # runsc's own: the one its prelude left it in (gvisor.net).
                 netns_path="/proc/self/ns/net" if with_net else None,
+                # As root, /etc is built once and bound whole (gvisor.etcdir).
+                etc_dir=os.path.join(base, "bundle", "etc") if self.is_root else None,
             )
             _write_bundle(base, plan)
+            etc_binds: list[tuple[str, str]] = []
+            if plan.etc_dir is not None:
+                from corral.sandbox.gvisor import etcdir
+
+                os.mkdir(plan.etc_dir, 0o755)
+                etc_binds = etcdir.prepare(plan.etc_dir, plan.etc_entries, _synthetic(spec))
             attach_fds: list[int] = []
             if layout is not None:
                 cgroup = Cgroup.create(layout, f"{parent}/{name}", cgroup_limits(spec.limits))
@@ -453,6 +462,8 @@ class GVisorBackend:
                         mounts.make_private_mount_ns()
                         for i, (path, writable) in enumerate(binds):
                             mounts.stage_bind(i, path, writable, userns_fd)
+                        for src, dst in etc_binds:
+                            mounts.bind_readonly(src, dst)
                     set_pdeathsig(signal.SIGKILL)
                     if os.getppid() != me:
                         os._exit(125)
@@ -549,6 +560,15 @@ def unshare_net() -> None:
         raise OSError(err, f"unshare(CLONE_NEWNET): {os.strerror(err)}")
 
 
+def _synthetic(spec: SandboxSpec) -> dict[str, bytes]:
+    """The /etc files corral writes for the sandbox (bundle.SYNTHETIC_ETC)."""
+    return {
+        "passwd": _passwd(spec.home),
+        "group": _group(),
+        "hosts": _hosts(spec.hostname),
+    }
+
+
 def _write_bundle(base: str, plan: bd.BundlePlan) -> None:
     bundle = os.path.join(base, "bundle")
     rootfs = os.path.join(bundle, "rootfs")
@@ -557,11 +577,7 @@ def _write_bundle(base: str, plan: bd.BundlePlan) -> None:
     os.makedirs(plan.files_dir, mode=0o755)
     # The gofer opens these as root and the sentry reads them: world-readable,
     # owned by root, in a directory only root can write.
-    for name, data in (
-        ("passwd", _passwd(plan.spec.home)),
-        ("group", _group()),
-        ("hosts", _hosts(plan.spec.hostname)),
-    ):
+    for name, data in _synthetic(plan.spec).items():
         with open(os.path.join(plan.files_dir, name), "wb") as fh:
             fh.write(data)
     for name, target in bd.mount_points(plan):

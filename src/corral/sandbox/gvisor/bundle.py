@@ -49,6 +49,8 @@ class BundlePlan:
     gid: int = 1000
     #: The network namespace runsc takes its interfaces from (gvisor.net); None: none at all.
     netns_path: str | None = None
+    #: A prepared /etc (gvisor.etcdir), bound whole; None: one bind per entry.
+    etc_dir: str | None = None
 
 
 def _depth_key(bind: StagedBind) -> tuple[int, str]:
@@ -82,11 +84,14 @@ def build_config(plan: BundlePlan) -> dict[str, object]:
         tmpfs.append(spec.home)
     # The home directory belongs to the command (npm, pip and git write there).
     mounts += [_tmpfs(d, (plan.uid, plan.gid) if d == spec.home else None) for d in tmpfs]
-    for entry in plan.etc_entries:
-        path = posixpath.join("/etc", entry)
-        mounts.append(_bind(path, path, False))
-    for name in SYNTHETIC_ETC:
-        mounts.append(_bind(posixpath.join(plan.files_dir, name), f"/etc/{name}", False))
+    if plan.etc_dir is not None:
+        mounts.append(_bind(plan.etc_dir, "/etc", False))
+    else:
+        for entry in plan.etc_entries:
+            path = posixpath.join("/etc", entry)
+            mounts.append(_bind(path, path, False))
+        for name in SYNTHETIC_ETC:
+            mounts.append(_bind(posixpath.join(plan.files_dir, name), f"/etc/{name}", False))
     for b in sorted((*plan.binds, *plan.protect_binds), key=_depth_key):
         mounts.append(_bind(b.source, b.dest, b.writable))
     no_caps: list[str] = []
