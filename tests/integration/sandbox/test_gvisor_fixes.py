@@ -79,3 +79,36 @@ def test_connect_sees_the_sandbox_loopback_not_the_host(tmp_path: Path) -> None:
     finally:
         running.close()
         host.close()
+
+
+def test_etc_is_the_allowlist_read_only_and_leaves_no_host_mount(tmp_path: Path) -> None:
+    """The command lists /etc and tries to write into it and into a bound entry; while it
+    runs, no host mount lies under corral's gVisor state (the binds live in runsc's own
+    mount namespace), and the host's /etc is untouched."""
+    from corral.sandbox.bwrap import ETC_ALLOWLIST
+    from corral.sandbox.gvisor.backend import STATE_ROOT
+
+    probe = (
+        "import os, time\n"
+        "open('etc.txt', 'w').write('\\n'.join(sorted(os.listdir('/etc'))))\n"
+        "for p in ('/etc/corral-planted', '/etc/ssl/corral-planted'):\n"
+        "    try:\n"
+        "        open(p, 'w').write('x')\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "open('ready', 'w').write('1')\n"
+        "time.sleep(1000)\n"
+    )
+    running = GVisorConfig().load().start(spec(tmp_path, PY, "-c", probe))
+    try:
+        until((tmp_path / "ready").exists, "the probe ran")
+        with open("/proc/self/mountinfo", encoding="utf-8") as fh:
+            ours = [ln for ln in fh if f" {STATE_ROOT}/" in ln]
+        assert ours == []
+    finally:
+        running.close()
+    listed = set((tmp_path / "etc.txt").read_text().split("\n"))
+    want = {e for e in ETC_ALLOWLIST if os.path.lexists(f"/etc/{e}")} | {"passwd", "group", "hosts"}
+    assert listed == want
+    assert not os.path.lexists("/etc/corral-planted")
+    assert not os.path.lexists("/etc/ssl/corral-planted")

@@ -187,3 +187,11 @@ def test_cgroup_limits_add_gvisor_tasks() -> None:
     assert cgroup_limits(Limits(pids=10)).pids == RUNSC_TASKS + 10 * TASKS_PER_PROCESS
     assert cgroup_limits(Limits()).pids is None
     assert cgroup_limits(Limits(memory_bytes=5)).memory_bytes == 5
+
+
+def test_prepared_etc_is_one_mount() -> None:
+    from dataclasses import replace
+
+    cfg = bd.build_config(replace(PLAN, etc_dir="/run/corral-gvisor/x/bundle/etc"))
+    etc = [m for m in cfg["mounts"] if str(m["destination"]).startswith("/etc")]  # type: ignore[attr-defined]
+    assert etc == [_b("/run/corral-gvisor/x/bundle/etc", "/etc", False)]
