@@ -290,6 +290,10 @@ class Cgroup:
             raise CgroupError(exc.errno, f"cannot open cgroup.procs: {exc.strerror}") from exc
         return fds
 
+    def procs_files(self) -> tuple[str, ...]:
+        """The cgroup.procs file of each hierarchy (a process writes 0 there to join)."""
+        return tuple(os.path.join(d, "cgroup.procs") for d in self._unique_dirs())
+
     def attach_pid(self, pid: int) -> None:
         for d in self._unique_dirs():
             _write(os.path.join(d, "cgroup.procs"), str(pid))

@@ -36,6 +36,7 @@ _SYS_MOUNT_SETATTR = 442
 _AT_FDCWD = -100
 _AT_EMPTY_PATH = 0x1000
 _AT_RECURSIVE = 0x8000
+_AT_SYMLINK_NOFOLLOW = 0x100
 _OPEN_TREE_CLONE = 1
 _O_CLOEXEC = 0o2000000
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
@@ -118,6 +119,35 @@ def make_private_mount_ns() -> None:
         _libc.mount(b"corral-stage", STAGE_DIR.encode(), b"tmpfs", 0, b"mode=0755,size=64k"),
         f"mount tmpfs on {STAGE_DIR}",
     )
+
+
+def bind_readonly(source: str, target: str) -> None:
+    """Attach a read-only, nosuid, nodev recursive clone of host path `source` at `target`
+    (an existing file or directory), in the current (private) mount namespace."""
+    tree = _check(
+        _libc.syscall(
+            _SYS_OPEN_TREE,
+            _AT_FDCWD,
+            source.encode(),
+            _OPEN_TREE_CLONE | _O_CLOEXEC | _AT_RECURSIVE | _AT_SYMLINK_NOFOLLOW,
+        ),
+        f"open_tree({source})",
+    )
+    try:
+        attr_set = _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV
+        attr = ctypes.create_string_buffer(struct.pack("QQQQ", attr_set, 0, 0, 0))
+        _check(
+            _libc.syscall(_SYS_MOUNT_SETATTR, tree, b"", _AT_EMPTY_PATH | _AT_RECURSIVE, attr, 32),
+            f"read-only clone of {source}",
+        )
+        _check(
+            _libc.syscall(
+                _SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, target.encode(), _MOVE_MOUNT_F_EMPTY_PATH
+            ),
+            f"move_mount({source})",
+        )
+    finally:
+        os.close(tree)
 
 
 def stage_bind(index: int, source: str, writable: bool, userns_fd: int) -> str:

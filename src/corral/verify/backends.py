@@ -108,6 +108,24 @@ class Backend(ABC):
         """Requirements that make no sense for this backend, with the reason."""
         return {}
 
+    #: The kernel that serves the sandbox's syscalls when it is not the host's
+    #: (oracles.Reported); None: the host kernel.
+    guest_kernel: str | None = None
+
+    def not_applicable_probes(self) -> dict[str, str]:
+        """Probes (by id) that make no sense for this backend, with the reason."""
+        return {}
+
+    def inside_count(self, owner: int) -> int | None:
+        """How many processes run in the sandboxes host process `owner` started, by the
+        backend's own listing; None: its processes are host processes (count the marker's)."""
+        return None
+
+    def host_tasks(self, owner: int) -> list[int] | None:
+        """Host pids that execute the code of `owner`'s sandboxes when no host process
+        carries the probe's marker; None: inspect the marker's processes."""
+        return None
+
     #: A probe's deadline is multiplied by this (a VM under TCG boots for seconds).
     deadline_scale: float = 1.0
 
@@ -140,6 +158,8 @@ class CorralBackend(Backend):
         self.name = name
         if name == "microvm":
             self.deadline_scale = 4.0
+        if name == "gvisor":
+            self.guest_kernel = "gVisor's user-space kernel (the sentry)"
 
     def argv(self, cmd: list[str], run: RunSpec) -> list[str]:
         out = [
@@ -182,6 +202,39 @@ class CorralBackend(Backend):
 
     def not_applicable(self) -> dict[str, str]:
         return {}
+
+    def inside_count(self, owner: int) -> int | None:
+        if self.name != "gvisor":
+            return None
+        from corral.sandbox.gvisor import ps
+
+        counts = [ps.container_pids(s) for s in ps.find_sandboxes(owner)]
+        return sum(len(c) for c in counts if c is not None)
+
+    def host_tasks(self, owner: int) -> list[int] | None:
+        if self.name != "gvisor":
+            return None
+        from corral.sandbox.gvisor import ps
+
+        return [pid for s in ps.find_sandboxes(owner) for pid in ps.host_tasks(s)]
+
+    def not_applicable_probes(self) -> dict[str, str]:
+        if self.name != "gvisor":
+            return {}
+        why = (
+            "the probe's processes live in gVisor's user-space kernel: no host process carries "
+            "them, so there is no host /proc/<pid>/status to read; the host processes that run "
+            "the sandbox are runsc's sentry, gofer and platform stubs"
+        )
+        return dict.fromkeys(
+            (
+                "priv-host-uid-root",
+                "priv-capabilities",
+                "priv-no-new-privs-unset",
+                "priv-no-seccomp",
+            ),
+            why,
+        )
 
 
 class NoneBackend(Backend):

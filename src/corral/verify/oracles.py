@@ -249,7 +249,15 @@ class Reported:
 
     Used only where no host-side effect exists (a syscall that returned a
     descriptor). A probe killed before reporting counts as denied.
+
+    `host_kernel_only`: the attack is on the host kernel's surface (M8). A
+    backend whose sandbox runs on a kernel of its own (the verifier's
+    `guest_kernel`, e.g. gVisor's sentry, never anything the probe says)
+    serves the syscall there: the host kernel never receives it, so a
+    success reported from inside is no host effect.
     """
+
+    host_kernel_only: bool = False
 
     def judge(self, ev: Evidence) -> Judgement:
         r = ev.result
@@ -257,6 +265,9 @@ class Reported:
             return _denied("the probe reported nothing (blocked or killed before reporting)")
         detail = {k: v for k, v in r.items() if k != "ok"}
         text = json.dumps(detail, sort_keys=True)[:200]
+        guest = ev.ctx.get("guest_kernel")
+        if r.get("ok") and self.host_kernel_only and isinstance(guest, str) and guest:
+            return _denied(f"served by {guest}, never by the host kernel (probe: {text})")
         if r.get("ok"):
             return _allowed(f"probe reported success: {text}")
         return _denied(f"probe reported failure: {text}")

@@ -273,10 +273,11 @@ def _tty_changes(before: tuple[object, ...], after: tuple[object, ...]) -> str:
 _STATUS_FIELDS = ("Uid", "Gid", "CapEff", "CapPrm", "NoNewPrivs", "Seccomp")
 
 
-def _host_status(marker: str) -> list[dict[str, str]]:
-    """Selected /proc/<pid>/status fields of the marker's processes, as the host sees them."""
+def _host_status(marker: str, pids: list[int] | None = None) -> list[dict[str, str]]:
+    """Selected /proc/<pid>/status fields of the marker's processes (or of `pids`, the
+    backend's host tasks), as the host sees them."""
     rows = []
-    for pid in marker_pids(marker):
+    for pid in marker_pids(marker) if pids is None else pids:
         with contextlib.suppress(OSError), open(f"/proc/{pid}/status", encoding="utf-8") as f:
             row = {"pid": str(pid)}
             for line in f:
@@ -303,8 +304,10 @@ def _proc_usage(pid: int) -> tuple[int, float]:
 class _Sampler:
     """Samples the marker's processes every 50 ms: peak count, peak RSS sum, CPU."""
 
-    def __init__(self, marker: str) -> None:
+    def __init__(self, marker: str, count: Callable[[], int | None] | None = None) -> None:
         self.marker = marker
+        #: The backend's own count, for processes that are not host processes.
+        self.count = count
         self.max_procs = 0
         self.peak_rss = 0
         self.cpu: dict[int, float] = {}
@@ -322,7 +325,8 @@ class _Sampler:
                 rss, cpu = _proc_usage(pid)
                 rss_sum += rss
                 self.cpu[pid] = max(self.cpu.get(pid, 0.0), cpu)
-            self.max_procs = max(self.max_procs, len(pids))
+            inside = self.count() if self.count is not None else None
+            self.max_procs = max(self.max_procs, len(pids), inside or 0)
             self.peak_rss = max(self.peak_rss, rss_sum)
             self._stop.wait(0.05)
 
@@ -758,6 +762,8 @@ class _Suite:
         self.caller_env = {**os.environ, **cs.env}
         self.broker_reason: str | None = None
         self.journal_reason: str | None = None
+        #: A neighbour sandbox's marker -> the host pid that started it.
+        self._neighbours: dict[str, int] = {}
 
     # -- preflight ----------------------------------------------------------------
 
@@ -830,6 +836,9 @@ class _Suite:
     def skip_reason(self, p: Probe) -> Skipped | None:
         if p.skip:
             return Skipped(p, "not-tested", p.skip)
+        na = self.backend.not_applicable_probes().get(p.id)
+        if na is not None:
+            return Skipped(p, "not-applicable", na)
         if p.mission is not None and self.backend.kind != "corral":
             return Skipped(
                 p,
@@ -904,6 +913,7 @@ class _Suite:
             "nonce": nonce,
             "ws": ws,
             "ws_parent": f"{self.cs.root}/ws",
+            "guest_kernel": self.backend.guest_kernel or "",
         }
         workspace = _fill(p.workspace, ctx) if p.workspace else ws
         ctx["workspace"] = workspace
@@ -990,7 +1000,12 @@ class _Suite:
                 stack.callback(os.close, fd)
         neighbour = self._start_neighbour(p, stack) if "neighbour" in p.needs else None
         pass_fds = (self.cs.inherited_fd,) if "fd" in p.needs and self.cs.inherited_fd >= 0 else ()
-        sampler = _Sampler(marker) if p.sample else None
+        owner: list[int] = []
+        sampler = (
+            _Sampler(marker, lambda: self.backend.inside_count(owner[0]) if owner else None)
+            if p.sample
+            else None
+        )
         io = _Proc()
         started = time.monotonic()
         sock_before = host_sock_mem_bytes()
@@ -1004,6 +1019,7 @@ class _Suite:
             pass_fds=pass_fds,
             start_new_session=True,
         )
+        owner.append(proc.pid)
         readers = [
             threading.Thread(target=_reader, args=(proc.stdout, io.stdout, io.ready), daemon=True),
             threading.Thread(target=_reader, args=(proc.stderr, io.stderr, None), daemon=True),
@@ -1020,9 +1036,10 @@ class _Suite:
         if p.during is not None and io.ready.wait(15):
             if p.during == "inspect":
                 sock_grown = host_sock_mem_bytes() - sock_before
-                inspected = _host_status(marker)
+                inspected = _host_status(marker, self.backend.host_tasks(proc.pid))
                 if neighbour is not None:
-                    neighbour_status = _host_status(neighbour)
+                    nb_pid = self._neighbours.get(neighbour, 0)
+                    neighbour_status = _host_status(neighbour, self.backend.host_tasks(nb_pid))
             elif p.during == "kill-broker":
                 broker_kill = _kill_broker(journal) if self.backend.kind == "corral" else "none"
             else:
@@ -1288,6 +1305,7 @@ class _Suite:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
+        self._neighbours[nb] = proc.pid
 
         def stop() -> None:
             with contextlib.suppress(OSError):

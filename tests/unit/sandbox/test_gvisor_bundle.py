@@ -7,7 +7,7 @@ import signal
 
 from corral.sandbox.bwrap import StagedBind
 from corral.sandbox.gvisor import bundle as bd
-from corral.sandbox.gvisor.backend import RUNSC_TASKS, cgroup_limits, decide_exit
+from corral.sandbox.gvisor.backend import RUNSC_TASKS, TASKS_PER_PROCESS, cgroup_limits, decide_exit
 from corral.sandbox.spec import Bind, Limits, SandboxSpec
 
 SPEC = SandboxSpec(
@@ -60,6 +60,7 @@ GOLDEN: dict[str, object] = {
             k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")
         },
         "noNewPrivileges": True,
+        "rlimits": [{"type": "RLIMIT_NPROC", "hard": 100, "soft": 100}],
     },
     "root": {"path": "rootfs", "readonly": True},
     "hostname": "corral",
@@ -183,6 +184,14 @@ def test_exit_decision() -> None:
 
 
 def test_cgroup_limits_add_gvisor_tasks() -> None:
-    assert cgroup_limits(Limits(pids=10)).pids == 10 + RUNSC_TASKS
+    assert cgroup_limits(Limits(pids=10)).pids == RUNSC_TASKS + 10 * TASKS_PER_PROCESS
     assert cgroup_limits(Limits()).pids is None
     assert cgroup_limits(Limits(memory_bytes=5)).memory_bytes == 5
+
+
+def test_prepared_etc_is_one_mount() -> None:
+    from dataclasses import replace
+
+    cfg = bd.build_config(replace(PLAN, etc_dir="/run/corral-gvisor/x/bundle/etc"))
+    etc = [m for m in cfg["mounts"] if str(m["destination"]).startswith("/etc")]  # type: ignore[attr-defined]
+    assert etc == [_b("/run/corral-gvisor/x/bundle/etc", "/etc", False)]

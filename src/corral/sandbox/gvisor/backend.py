@@ -69,18 +69,24 @@ if TYPE_CHECKING:
 __all__ = [
     "RUNSC_TASKS",
     "STATE_ROOT",
+    "TASKS_PER_PROCESS",
     "GVisorBackend",
     "GVisorSandbox",
     "cgroup_limits",
     "decide_exit",
+    "exec_failure",
 ]
 
 #: Bundles and runsc state, one directory per sandbox, named like its cgroup.
 STATE_ROOT = "/run/corral-gvisor"
 _libc = ctypes.CDLL(None, use_errno=True)
 _NOBODY = 65534
-#: Threads of runsc, sentry and gofer beyond the command's own (see cgroup_limits).
-RUNSC_TASKS = 256
+#: Host tasks of runsc, sentry and gofer beyond the command's own (see cgroup_limits):
+#: an idle sandbox on the ptrace platform holds ~240.
+RUNSC_TASKS = 320
+#: Host tasks per process of the command (its stub and the sentry threads that serve
+#: it): ~7 measured on the ptrace platform.
+TASKS_PER_PROCESS = 8
 _OWNER_RE = re.compile(r"^[a-z]+-(\d+)-[0-9a-f]+$")
 _VERSION_RE = re.compile(rb"runsc version \S*?(\d{8})")
 
@@ -109,16 +115,51 @@ def decide_exit(
     return rc, "exited"
 
 
+#: runsc's log is read up to this many bytes from its end.
+_LOG_TAIL = 16384
+
+
+def exec_failure(log: bytes) -> int | None:
+    """126/127 when runsc's own log says the command could not be executed, else None (pure).
+
+    runsc exits 128 both when the command exits 128 and when it could not
+    start the command; only its log (written by runsc on the host, out of the
+    command's reach) tells them apart. 127 like sh for a command not found,
+    126 for one found but not executable.
+    """
+    for line in reversed(log.splitlines()):
+        text = line.decode("utf-8", "replace")
+        if "starting sandbox:" not in text:
+            continue
+        if "error finding executable" in text or "failed to load" in text:
+            if "no such file or directory" in text:
+                return 127
+            return 126
+    return None
+
+
+def _runsc_log(path: str) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - _LOG_TAIL))
+            return fh.read(_LOG_TAIL)
+    except OSError:
+        return b""
+
+
 def cgroup_limits(limits: Limits) -> Limits:
     """The cgroup's limits: the spec's, plus room for gVisor's own tasks (pure).
 
-    The pids controller counts threads; the sentry, the gofer and runsc are
-    Go programs with tens of threads each, charged to the same cgroup, so
-    the command's own pids limit is raised by their share.
+    The pids controller counts host tasks; the sentry, the gofer and runsc
+    are Go programs with hundreds of threads between them, and each process
+    of the command costs a platform stub plus sentry threads, all charged to
+    the same cgroup. So the command's pids limit becomes a host-task budget:
+    a fork bomb is still stopped near the limit, a build that stays under it
+    is not.
     """
     if limits.pids is None:
         return limits
-    return replace(limits, pids=limits.pids + RUNSC_TASKS)
+    return replace(limits, pids=RUNSC_TASKS + limits.pids * TASKS_PER_PROCESS)
 
 
 def _hardware_virt() -> bool:
@@ -252,6 +293,7 @@ class GVisorBackend:
             protect_binds=protect,
             uid=INSIDE_UID,
             gid=INSIDE_UID,
+            etc_dir=os.path.join(os.path.dirname(files_dir), "etc") if self.is_root else None,
         )
 
     def _staged(self, spec: SandboxSpec) -> list[StagedBind]:
@@ -355,8 +397,16 @@ class GVisorBackend:
                 gid=INSIDE_UID,
                 # runsc's own: the one its prelude left it in (gvisor.net).
                 netns_path="/proc/self/ns/net" if with_net else None,
+                # As root, /etc is built once and bound whole (gvisor.etcdir).
+                etc_dir=os.path.join(base, "bundle", "etc") if self.is_root else None,
             )
             _write_bundle(base, plan)
+            etc_binds: list[tuple[str, str]] = []
+            if plan.etc_dir is not None:
+                from corral.sandbox.gvisor import etcdir
+
+                os.mkdir(plan.etc_dir, 0o755)
+                etc_binds = etcdir.prepare(plan.etc_dir, plan.etc_entries, _synthetic(spec))
             attach_fds: list[int] = []
             if layout is not None:
                 cgroup = Cgroup.create(layout, f"{parent}/{name}", cgroup_limits(spec.limits))
@@ -396,6 +446,7 @@ class GVisorBackend:
                     container_id=name,
                     rootless=not self.is_root,
                     network="sandbox" if with_net else "none",
+                    log_file=os.path.join(base, "runsc.log"),
                 ),
             ]
             binds = [(spec.workspace, True), *((b.path, b.writable) for b in spec.binds)]
@@ -412,6 +463,8 @@ class GVisorBackend:
                         mounts.make_private_mount_ns()
                         for i, (path, writable) in enumerate(binds):
                             mounts.stage_bind(i, path, writable, userns_fd)
+                        for src, dst in etc_binds:
+                            mounts.bind_readonly(src, dst)
                     set_pdeathsig(signal.SIGKILL)
                     if os.getppid() != me:
                         os._exit(125)
@@ -453,7 +506,17 @@ class GVisorBackend:
                 assert network is not None
                 link = None
                 try:
-                    link = gnet.BrokerLink(proc.pid)
+                    from corral.sandbox.gvisor.connect import ExecTarget
+
+                    target = ExecTarget(
+                        runsc=runsc,
+                        state_dir=os.path.join(base, "state"),
+                        container_id=name,
+                        uid=INSIDE_UID,
+                        gid=INSIDE_UID,
+                        cgroup_procs=cgroup.procs_files() if cgroup is not None else (),
+                    )
+                    link = gnet.BrokerLink(proc.pid, target)
                     network(link)
                     os.write(block_w, b"1\n")
                     layers["egress"] = f"broker at {gnet.BROKER_IP} on a veth link"
@@ -498,6 +561,15 @@ def unshare_net() -> None:
         raise OSError(err, f"unshare(CLONE_NEWNET): {os.strerror(err)}")
 
 
+def _synthetic(spec: SandboxSpec) -> dict[str, bytes]:
+    """The /etc files corral writes for the sandbox (bundle.SYNTHETIC_ETC)."""
+    return {
+        "passwd": _passwd(spec.home),
+        "group": _group(),
+        "hosts": _hosts(spec.hostname),
+    }
+
+
 def _write_bundle(base: str, plan: bd.BundlePlan) -> None:
     bundle = os.path.join(base, "bundle")
     rootfs = os.path.join(bundle, "rootfs")
@@ -506,11 +578,7 @@ def _write_bundle(base: str, plan: bd.BundlePlan) -> None:
     os.makedirs(plan.files_dir, mode=0o755)
     # The gofer opens these as root and the sentry reads them: world-readable,
     # owned by root, in a directory only root can write.
-    for name, data in (
-        ("passwd", _passwd(plan.spec.home)),
-        ("group", _group()),
-        ("hosts", _hosts(plan.spec.hostname)),
-    ):
+    for name, data in _synthetic(plan.spec).items():
         with open(os.path.join(plan.files_dir, name), "wb") as fh:
             fh.write(data)
     for name, target in bd.mount_points(plan):
@@ -615,8 +683,11 @@ class GVisorSandbox(CgroupProcessHandle):
             self._relay.close()
         usage = self.usage()
         oom = usage.oom_kills if usage else 0
+        rc = self.proc.returncode
+        if rc == 128 and not timed_out and not interrupted:
+            rc = exec_failure(_runsc_log(os.path.join(self.base, "runsc.log"))) or rc
         code, reason = decide_exit(
-            rc=self.proc.returncode, oom_kills=oom, timed_out=timed_out, interrupted=interrupted
+            rc=rc, oom_kills=oom, timed_out=timed_out, interrupted=interrupted
         )
         return ExecResult(
             exit=code,

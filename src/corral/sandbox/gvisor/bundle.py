@@ -49,6 +49,8 @@ class BundlePlan:
     gid: int = 1000
     #: The network namespace runsc takes its interfaces from (gvisor.net); None: none at all.
     netns_path: str | None = None
+    #: A prepared /etc (gvisor.etcdir), bound whole; None: one bind per entry.
+    etc_dir: str | None = None
 
 
 def _depth_key(bind: StagedBind) -> tuple[int, str]:
@@ -82,31 +84,41 @@ def build_config(plan: BundlePlan) -> dict[str, object]:
         tmpfs.append(spec.home)
     # The home directory belongs to the command (npm, pip and git write there).
     mounts += [_tmpfs(d, (plan.uid, plan.gid) if d == spec.home else None) for d in tmpfs]
-    for entry in plan.etc_entries:
-        path = posixpath.join("/etc", entry)
-        mounts.append(_bind(path, path, False))
-    for name in SYNTHETIC_ETC:
-        mounts.append(_bind(posixpath.join(plan.files_dir, name), f"/etc/{name}", False))
+    if plan.etc_dir is not None:
+        mounts.append(_bind(plan.etc_dir, "/etc", False))
+    else:
+        for entry in plan.etc_entries:
+            path = posixpath.join("/etc", entry)
+            mounts.append(_bind(path, path, False))
+        for name in SYNTHETIC_ETC:
+            mounts.append(_bind(posixpath.join(plan.files_dir, name), f"/etc/{name}", False))
     for b in sorted((*plan.binds, *plan.protect_binds), key=_depth_key):
         mounts.append(_bind(b.source, b.dest, b.writable))
     no_caps: list[str] = []
+    process: dict[str, object] = {
+        "terminal": False,
+        "user": {"uid": plan.uid, "gid": plan.gid, "additionalGids": []},
+        "args": list(spec.argv),
+        "env": [f"{k}={v}" for k, v in spec.env],
+        "cwd": spec.workspace,
+        "capabilities": {
+            "bounding": no_caps,
+            "effective": list(no_caps),
+            "inheritable": list(no_caps),
+            "permitted": list(no_caps),
+            "ambient": list(no_caps),
+        },
+        "noNewPrivileges": True,
+    }
+    if spec.limits.pids is not None:
+        # The sentry enforces RLIMIT_NPROC over the command's uid, i.e. over
+        # every process of the sandbox: the exact limit the spec asks for.
+        # The cgroup only bounds gVisor's host tasks (backend.cgroup_limits).
+        n = spec.limits.pids
+        process["rlimits"] = [{"type": "RLIMIT_NPROC", "hard": n, "soft": n}]
     return {
         "ociVersion": "1.0.0",
-        "process": {
-            "terminal": False,
-            "user": {"uid": plan.uid, "gid": plan.gid, "additionalGids": []},
-            "args": list(spec.argv),
-            "env": [f"{k}={v}" for k, v in spec.env],
-            "cwd": spec.workspace,
-            "capabilities": {
-                "bounding": no_caps,
-                "effective": list(no_caps),
-                "inheritable": list(no_caps),
-                "permitted": list(no_caps),
-                "ambient": list(no_caps),
-            },
-            "noNewPrivileges": True,
-        },
+        "process": process,
         "root": {"path": "rootfs", "readonly": True},
         "hostname": spec.hostname,
         "mounts": mounts,
@@ -147,6 +159,7 @@ def runsc_argv(
     container_id: str,
     rootless: bool = False,
     network: str = "none",
+    log_file: str | None = None,
 ) -> list[str]:
     """`runsc run` for one bundle: no network stack but loopback, cgroups left to corral.
 
@@ -164,6 +177,10 @@ def runsc_argv(
     ]
     if rootless:
         argv.append("--rootless")
+    if log_file is not None:
+        # runsc's own errors (e.g. the command cannot be executed) land
+        # here, apart from the command's stderr: see backend.exec_failure.
+        argv.append(f"--log={log_file}")
     argv += ["run", "--bundle", bundle_dir, container_id]
     return argv
 

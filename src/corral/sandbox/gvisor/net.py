@@ -26,6 +26,10 @@ import subprocess
 
 from corral.errors import SandboxStartError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from corral.sandbox.gvisor.connect import ExecTarget
+
 __all__ = ["BROKER_IP", "SANDBOX_IP", "BrokerLink", "rewrite_proxy_env", "runsc_prelude"]
 
 BROKER_IP = "10.200.0.1"
@@ -74,7 +78,8 @@ def _ip(pid: int, script: str) -> None:
 
 
 class BrokerLink:
-    """The broker's end of the link; a `SandboxNet` whose listen() binds BROKER_IP.
+    """The broker's end of the link; a `SandboxNet` whose listen() binds BROKER_IP and
+    whose connect() reaches the sandbox's own 127.0.0.1 through `target` (gvisor.connect).
 
     `sandbox_pid` is a process in the namespace runsc will start in (it
     must not have started runsc yet). Call `close()` once the broker holds
@@ -82,7 +87,9 @@ class BrokerLink:
     and the namespace then lives exactly as long as the broker's socket.
     """
 
-    def __init__(self, sandbox_pid: int) -> None:
+    def __init__(self, sandbox_pid: int, target: ExecTarget | None = None) -> None:
+        self._sandbox_pid = sandbox_pid
+        self._target = target
         self._r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - child
@@ -133,7 +140,12 @@ class BrokerLink:
         return sock
 
     def connect(self, port: int) -> socket.socket:
-        raise SandboxStartError(0, "connecting into a gVisor sandbox is not supported yet")
+        """Through a forwarder inside the sandbox (`gvisor.connect`); valid after close() too."""
+        if self._target is None:
+            raise ConnectionRefusedError(0, "no runsc exec target for this link")
+        from corral.sandbox.gvisor.connect import connect
+
+        return connect(self._target, self._sandbox_pid, port)
 
     def close(self) -> None:
         if self.helper > 0:

@@ -22,7 +22,7 @@ MCP_ROUTE = '[routes.mcp]\nupstream = "http://127.0.0.1:{mcp_port}"\nallow_priva
 MCP_CLIENT = code("""
 def mcp_call(tool, arguments):
     if proxy():
-        host, port, path = "127.0.0.1", 3128, "/routes/mcp/demo/mcp"
+        (host, port), path = broker_addr(), "/routes/mcp/demo/mcp"
     else:
         host, port, path = "127.0.0.1", P["mcp_port"], "/demo/mcp"
     extra = b"Content-Type: application/json\\r\\nAccept: application/json, text/event-stream\\r\\n"

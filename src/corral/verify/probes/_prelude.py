@@ -175,6 +175,13 @@ def proxy():
     return None
 
 
+def broker_addr():
+    """(host, port) of the broker: the environment's proxy (the gVisor backend puts it on
+    its veth link, not on 127.0.0.1), else the sandbox's usual 127.0.0.1:3128."""
+    px = proxy()
+    return (px[0], px[1]) if px else ("127.0.0.1", 3128)
+
+
 def via_proxy_or_direct(host, port, path, extra=b"", method="GET", body=b"", host_header=None):
     """Send an HTTP request for http://host:port/path through the environment's
     proxy if there is one (absolute form), else straight to the target."""

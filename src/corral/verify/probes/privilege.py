@@ -19,7 +19,7 @@ from corral.verify.probes._dsl import code
 
 __all__ = ["PROBES"]
 
-_R = Reported()
+_R = Reported(host_kernel_only=True)
 _NO_SUPPORT = "kernels built without this syscall answer ENOSYS even to root"
 
 

@@ -217,13 +217,15 @@ PROBES: list[Probe] = [
         "call the provider route the broker injects $ANTHROPIC_API_KEY into, then hunt for the "
         "key inside (environment, /proc, files, the response and error pages)",
         code("""
-          req = http_req("/routes/verify/m/" + MARKER + "/v1/messages", "127.0.0.1:3128",
+          bh, bp = broker_addr()
+          ba = "%s:%d" % (bh, bp)
+          req = http_req("/routes/verify/m/" + MARKER + "/v1/messages", ba,
                          b"x-api-key: dummy\\r\\nContent-Type: application/json\\r\\n",
                          "POST", b'{"model": "corral-verify", "max_tokens": 8}')
-          r, e = tcp("127.0.0.1", 3128, req)
+          r, e = tcp(bh, bp, req)
           show("route reply", r if r is not None else "ERR " + str(e))
           print("route status:", (r or b"").split(b"\\r\\n", 1)[0][:80].decode("latin-1"))
-          r, e = tcp("127.0.0.1", 3128, http_req("/routes/verify-nope/x", "127.0.0.1:3128"))
+          r, e = tcp(bh, bp, http_req("/routes/verify-nope/x", ba))
           show("unknown route reply", r if r is not None else "ERR " + str(e))
           show("environ", "\\n".join("%s=%s" % kv for kv in os.environ.items()))
           for pid in [d for d in os.listdir("/proc") if d.isdigit()]:

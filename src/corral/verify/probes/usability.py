@@ -396,13 +396,19 @@ def _limits() -> list[Probe]:
             "U6",
             "run 40 processes at once under a 64-process limit",
             """
+             # The children live until all 40 exist (a pipe, not a clock: forks
+             # are slow on a loaded host or under gVisor's ptrace platform).
+             r, w = os.pipe()
              kids = []
              for i in range(40):
                  pid = os.fork()
                  if pid == 0:
-                     time.sleep(1.5)
+                     os.close(w)
+                     os.read(r, 1)
                      os._exit(0)
                  kids.append(pid)
+             time.sleep(1.5)
+             os.close(w)
              for k in kids:
                  os.waitpid(k, 0)
              """,
