@@ -40,7 +40,7 @@ from corral.run.environments import (
     provider_choice,
 )
 from corral.run.mission import Mission
-from corral.sandbox.spec import SandboxSpec
+from corral.sandbox.spec import Bind, SandboxSpec
 
 __all__ = ["BROKER_HOST", "RUN_ROOT", "K8sTarget", "broker_ip_for", "mission_manifests"]
 
@@ -136,6 +136,16 @@ def _agent_pod(layout: RunLayout, mission: Mission, broker_json_doc: object) -> 
     return EnvPod("agent-s1", _agent_via_service(spec))
 
 
+def _with_checks(spec: SandboxSpec, layout: RunLayout, mission: Mission) -> SandboxSpec:
+    """The checks' mount from the mission, not from whether this host happens to
+    have the run directory (`check_spec` looks there): the rendering is the same anywhere."""
+    checks = str(layout.checks)
+    binds = [b for b in spec.binds if b.path != checks]
+    if mission.checks_dir is not None:
+        binds.append(Bind(checks, writable=False))
+    return dataclasses.replace(spec, binds=tuple(binds))
+
+
 def _destinations(mission: Mission) -> tuple[tuple[str, tuple[int, ...]], ...]:
     from urllib.parse import urlsplit
 
@@ -175,7 +185,11 @@ def mission_manifests(mission: Mission, target: K8sTarget, scenario: str | None)
         pods.append(EnvPod("product-s1", product_spec(layout, mission, 1)))
     checker = Path(IMAGE_CORRAL) / "http_check.py"
     for i, check in enumerate(mission.settings.checks):
-        spec = check_spec(layout, mission, n=1, i=i, check=check, http_checker=checker)
+        spec = _with_checks(
+            check_spec(layout, mission, n=1, i=i, check=check, http_checker=checker),
+            layout,
+            mission,
+        )
         pods.append(EnvPod(f"verifier-s1-c{i}", spec, (("corral.dev/check-name", check.name),)))
     opts = RenderOptions(
         run_id=run_id,
