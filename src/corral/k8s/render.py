@@ -51,6 +51,8 @@ _APP = "corral"
 #: Never reachable from the broker: the cluster's own networks and cloud metadata.
 _PRIVATE = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16")
 _TMP_DEFAULT = 256 << 20
+_BROKER_MEMORY = 512 << 20
+_PROVIDER_MEMORY = 256 << 20
 _WORKSPACE_DEFAULT = 2 << 30
 
 
@@ -115,7 +117,11 @@ def _resources(spec: SandboxSpec) -> Manifest:
     return {"limits": dict(lim), "requests": dict(lim)} if lim else {}
 
 
-def _security_context(spec: SandboxSpec, uid: int) -> Manifest:
+def _fixed(memory: int) -> Manifest:
+    return {"limits": {"memory": _quantity(memory)}, "requests": {"memory": _quantity(memory)}}
+
+
+def _security_context(uid: int) -> Manifest:
     return {
         "runAsNonRoot": True,
         "runAsUser": uid,
@@ -170,7 +176,7 @@ def sandbox_pod(opts: RenderOptions, pod: EnvPod, uid: int = 1000) -> Manifest:
         "args": list(spec.argv[1:]),
         "env": [{"name": k, "value": v} for k, v in spec.env],
         "workingDir": spec.workspace,
-        "securityContext": _security_context(spec, uid),
+        "securityContext": _security_context(uid),
         "volumeMounts": mounts,
     }
     resources = _resources(spec)
@@ -295,20 +301,16 @@ def _broker(
         "metadata": _meta(opts, config_name, "broker"),
         "data": data,
     }
-    security = {
-        "runAsNonRoot": True,
-        "runAsUser": uid,
-        "runAsGroup": uid,
-        "allowPrivilegeEscalation": False,
-        "readOnlyRootFilesystem": True,
-        "privileged": False,
-        "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-    mounts = [
-        {"name": "config", "mountPath": "/etc/corral", "readOnly": True},
-        {"name": "state", "mountPath": "/var/lib/corral"},
-    ]
+
+    def security() -> Manifest:
+        return _security_context(uid)
+
+    def mounts() -> list[Manifest]:
+        return [
+            {"name": "config", "mountPath": "/etc/corral", "readOnly": True},
+            {"name": "state", "mountPath": "/var/lib/corral"},
+        ]
+
     containers: list[Manifest] = [
         {
             "name": "broker",
@@ -328,8 +330,9 @@ def _broker(
                 f"0.0.0.0:{BROKER_PORT}",
             ],
             "ports": [{"name": "proxy", "containerPort": BROKER_PORT, "protocol": "TCP"}],
-            "securityContext": security,
-            "volumeMounts": mounts,
+            "securityContext": security(),
+            "volumeMounts": mounts(),
+            "resources": _fixed(_BROKER_MEMORY),
         }
     ]
     if scenario is not None:
@@ -349,8 +352,9 @@ def _broker(
                     "--port",
                     str(PROVIDER_PORT),
                 ],
-                "securityContext": security,
-                "volumeMounts": mounts,
+                "securityContext": security(),
+                "volumeMounts": mounts(),
+                "resources": _fixed(_PROVIDER_MEMORY),
             }
         )
     labels = _labels(opts, "broker")
@@ -364,6 +368,9 @@ def _broker(
             "template": {
                 "metadata": {"labels": dict(labels)},
                 "spec": {
+                    # The broker parses every byte the agent sends: it gets the
+                    # same user-space kernel between it and the node.
+                    "runtimeClassName": opts.runtime_class,
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
                     "hostNetwork": False,

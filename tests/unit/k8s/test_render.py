@@ -242,3 +242,23 @@ def test_broker_ip_is_in_the_static_band() -> None:
     ip = broker_ip_for("todo-api-1234", "10.96.0.0/12")
     assert ip.startswith("10.96.0.") and ip not in ("10.96.0.0", "10.96.0.1", "10.96.0.10")
     assert ip == broker_ip_for("todo-api-1234", "10.96.0.0/12")
+
+
+def test_broker_pod_is_confined_and_policies_come_first() -> None:
+    docs = _render(_example("todo-api"))
+    kinds = _kinds(docs)
+    # A Pod created before its policy would run unconfined until the policy exists.
+    last_policy = max(i for i, k in enumerate(kinds) if k == "NetworkPolicy")
+    assert last_policy < min(i for i, k in enumerate(kinds) if k in ("Pod", "Deployment"))
+    (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+    spec = dep["spec"]["template"]["spec"]
+    assert spec["runtimeClassName"] == "gvisor"
+    assert spec["automountServiceAccountToken"] is False and spec["enableServiceLinks"] is False
+    for c in spec["containers"]:
+        sc = c["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
+        assert sc["readOnlyRootFilesystem"] is True and "memory" in c["resources"]["limits"]
+    # The synthetic provider listens on the broker Pod's loopback only.
+    (provider,) = [c for c in spec["containers"] if c["name"] == "provider"]
+    assert provider["args"][provider["args"].index("--host") + 1] == "127.0.0.1"
+    assert "ports" not in provider
