@@ -429,7 +429,7 @@ def _broker(
             "egress": broker_egress_rules(egress, resolve_names=True),
         },
     }
-    return [config_map, deployment, service, broker_policy]
+    return [broker_policy, config_map, service, deployment]
 
 
 def _sandbox_policy(opts: RenderOptions) -> Manifest:
