@@ -160,7 +160,13 @@ def sandbox_pod(opts: RenderOptions, pod: EnvPod, uid: int = 1000) -> Manifest:
         {"name": "home", "mountPath": spec.home},
     ]
     ws = _subpath(opts, spec.workspace)
-    mounts.append({"name": "run", "mountPath": spec.workspace, **({"subPath": ws} if ws else {})})
+    if ws:
+        mounts.append({"name": "run", "mountPath": spec.workspace, "subPath": ws})
+    else:
+        # Never the whole run volume (it holds the checks and every snapshot):
+        # a workspace outside the run directory is a scratch of its own.
+        volumes.append({"name": "workspace", "emptyDir": {"sizeLimit": _quantity(disk)}})
+        mounts.append({"name": "workspace", "mountPath": spec.workspace})
     for bind in spec.binds:
         sub = _subpath(opts, bind.path)
         if sub is None:

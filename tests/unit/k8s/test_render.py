@@ -262,3 +262,30 @@ def test_broker_pod_is_confined_and_policies_come_first() -> None:
     (provider,) = [c for c in spec["containers"] if c["name"] == "provider"]
     assert provider["args"][provider["args"].index("--host") + 1] == "127.0.0.1"
     assert "ports" not in provider
+
+
+def test_a_workspace_outside_the_run_never_gets_the_run_volume() -> None:
+    from corral.k8s.render import EnvPod, RenderOptions, sandbox_pod
+    from corral.sandbox.spec import Bind, SandboxSpec
+
+    opts = RenderOptions(
+        run_id="r",
+        namespace="ns",
+        create_namespace=False,
+        runtime_class="gvisor",
+        image="i",
+        broker_ip="10.96.0.2",
+        run_root="/var/lib/corral/runs/r",
+        claim="shared",
+    )
+    for workspace in ("/work", "/var/lib/corral/runs/r", "/var/lib/corral/runs/rx/workspace"):
+        spec = SandboxSpec(
+            argv=("/bin/true",),
+            workspace=workspace,
+            env=(),
+            binds=(Bind("/var/lib/corral/runs/r/../r/checks", writable=False),),
+        )
+        pod = sandbox_pod(opts, EnvPod("agent", spec))
+        validate(pod)
+        mounts = pod["spec"]["containers"][0]["volumeMounts"]
+        assert [m for m in mounts if m["name"] == "run"] == [], (workspace, mounts)
