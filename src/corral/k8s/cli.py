@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Print the run's manifests (YAML, in apply order) on stdout."""
         from corral.errors import CorralError
-        from corral.k8s.plan import K8sTarget, mission_manifests
+        from corral.k8s.plan import MAX_SCENARIO_BYTES, K8sTarget, mission_manifests
         from corral.k8s.yaml_out import dump_manifests
         from corral.run.mission import load_mission
 
@@ -58,7 +58,11 @@ def register(app: typer.Typer) -> None:
         try:
             m = load_mission(mission)
             scen = m.scenario_path
-            scenario = scen.read_text(encoding="utf-8") if scen is not None else None
+            scenario = None
+            if scen is not None:
+                with scen.open("rb") as fh:
+                    # Bounded: a larger one is refused by the rendering anyway.
+                    scenario = fh.read(MAX_SCENARIO_BYTES + 1).decode("utf-8")
             target = K8sTarget(
                 runtime_class=rc,
                 image=image,

@@ -42,7 +42,14 @@ from corral.run.environments import (
 from corral.run.mission import Mission
 from corral.sandbox.spec import Bind, SandboxSpec
 
-__all__ = ["BROKER_HOST", "RUN_ROOT", "K8sTarget", "broker_ip_for", "mission_manifests"]
+__all__ = [
+    "BROKER_HOST",
+    "MAX_SCENARIO_BYTES",
+    "RUN_ROOT",
+    "K8sTarget",
+    "broker_ip_for",
+    "mission_manifests",
+]
 
 RUN_ROOT = "/var/lib/corral/runs"
 #: The name the sandbox Pods reach their broker by (`hostAliases`, no DNS).
@@ -50,6 +57,8 @@ BROKER_HOST = "corral-broker"
 #: Where the image carries corral's own in-sandbox programs.
 IMAGE_CORRAL = "/opt/corral"
 DEFAULT_SERVICE_CIDR = "10.96.0.0/12"
+#: A ConfigMap holds at most 1 MiB; the broker's configuration shares it with the scenario.
+MAX_SCENARIO_BYTES = 768 << 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +184,10 @@ def mission_manifests(mission: Mission, target: K8sTarget, scenario: str | None)
         if target.broker_ip
         else broker_ip_for(run_id, target.service_cidr)
     )
+    if scenario is not None and len(scenario.encode("utf-8", "surrogatepass")) > MAX_SCENARIO_BYTES:
+        raise UsageError(
+            f"the scenario is larger than {MAX_SCENARIO_BYTES >> 10} KiB (a ConfigMap holds 1 MiB)"
+        )
     layout = RunLayout(Path(RUN_ROOT) / run_id)
     ref = mission.provider
     synthetic_url = f"http://127.0.0.1:{PROVIDER_PORT}" if ref.kind == "synthetic" else None

@@ -289,3 +289,11 @@ def test_a_workspace_outside_the_run_never_gets_the_run_volume() -> None:
         validate(pod)
         mounts = pod["spec"]["containers"][0]["volumeMounts"]
         assert [m for m in mounts if m["name"] == "run"] == [], (workspace, mounts)
+
+
+def test_a_scenario_too_large_for_a_configmap_is_refused() -> None:
+    from corral.errors import UsageError
+    from corral.k8s.plan import MAX_SCENARIO_BYTES
+
+    with pytest.raises(UsageError, match="ConfigMap"):
+        mission_manifests(_example("todo-api"), K8sTarget(), "x" * (MAX_SCENARIO_BYTES + 1))
