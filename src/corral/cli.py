@@ -28,6 +28,7 @@ _AREAS: tuple[str, ...] = (
     "corral.run.cli",
     "corral.agents.cli",
     "corral.dashboard.cli",
+    "corral.k8s.cli",
 )
 
 

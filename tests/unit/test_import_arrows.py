@@ -34,6 +34,13 @@ AREA_PREFIXES: tuple[tuple[str, str], ...] = (
     ("corral.run.cli", "cli"),
     ("corral.verify.cli", "cli"),
     ("corral.dashboard", "dashboard"),
+    ("corral.k8s", "k8s"),
+    ("corral.k8s.cli", "cli"),
+    # A backend and its pure rendering: they import nothing above the sandbox.
+    ("corral.k8s.backend", "sandbox"),
+    ("corral.k8s.names", "sandbox"),
+    ("corral.k8s.render", "sandbox"),
+    ("corral.k8s.yaml_out", "sandbox"),
     ("corral.viewer", "viewer"),
     ("corral.run", "run"),
     ("corral.exec", "exec"),
@@ -68,6 +75,7 @@ LAYER: Mapping[str, int] = {
     "doctor": 4,
     "dashboard": 4,
     "viewer": 4,
+    "k8s": 4,
     "agents": 3,
     "broker": 3,
     "provider": 3,
@@ -88,6 +96,7 @@ SAME_LAYER: Mapping[tuple[str, str], str] = {
     ("verify", "doctor"): "verify asks the doctor whether kernel audit is on",
     ("agents", "broker"): "an agent's provider route is a broker route config (pure data)",
     ("dashboard", "run"): "the dashboard reads run state and calls run control (stop, pause)",
+    ("k8s", "run"): "renders the environments corral run would start",
     ("viewer", "run"): "the viewer starts a run's product the way corral run does",
 }
 
