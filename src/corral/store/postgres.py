@@ -249,7 +249,9 @@ def migrate(conn: psycopg.Connection[tuple[Any, ...]]) -> int:
             row = conn.execute("SELECT max(version) FROM schema_migrations").fetchone()
             have = int(row[0]) if row and row[0] is not None else 0
             if have > SCHEMA_VERSION:
-                raise StoreError(f"store schema {have} is newer than this corral ({SCHEMA_VERSION})")
+                raise StoreError(
+                    f"store schema {have} is newer than this corral ({SCHEMA_VERSION})"
+                )
             for version, sql in MIGRATIONS:
                 if version > have:
                     conn.execute(sql.encode())
@@ -422,7 +424,7 @@ class PgFleet:
         return Lease(run_id=row[0], worker=worker, epoch=int(got[0]), takeover=takeover)
 
     def renew(self, lease: Lease, ttl_s: float) -> bool:
-        """Extend `lease`; False if it is no longer this worker's (expired and taken, or released)."""
+        """Extend `lease`; False once it is not this worker's (expired, taken or released)."""
         with self._tx() as c:
             row = c.execute(
                 "UPDATE runs SET lease_expires = clock_timestamp() + make_interval(secs => %s)"
@@ -468,6 +470,16 @@ class PgFleet:
                 (run_id,),
             ).fetchall()
         return [(int(a), int(b), str(p)) for a, b, p in rows]
+
+    def session_counts(self, run_id: str) -> tuple[int, int]:
+        """(sessions that ended, interrupted attempts) of a run."""
+        with self._tx() as c:
+            row = c.execute(
+                "SELECT (SELECT count(*) FROM sessions WHERE run = %s AND state = 'done'),"
+                " (SELECT count(*) FROM session_attempts WHERE run = %s)",
+                (run_id, run_id),
+            ).fetchone()
+        return (int(row[0]), int(row[1])) if row else (0, 0)
 
     def run_store(
         self,
@@ -703,7 +715,9 @@ class PgRunStore:
                 " VALUES (%s,%s,%s,%s,%s)",
                 (self.run_id, t, mono, _boot_id(), reason),
             )
-            c.execute("UPDATE runs SET state = 'paused', updated = %s WHERE id = %s", (t, self.run_id))
+            c.execute(
+                "UPDATE runs SET state = 'paused', updated = %s WHERE id = %s", (t, self.run_id)
+            )
             self._event(c, "paused", None, json.dumps({"reason": reason}))
         return True
 

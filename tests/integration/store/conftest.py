@@ -88,7 +88,7 @@ def pg_server() -> Iterator[PgServer]:
                 try:
                     srv.admin("CREATE ROLE corral LOGIN NOSUPERUSER")
                     break
-                except Exception:  # noqa: BLE001 - the server is still starting
+                except Exception:  # the server is still starting
                     time.sleep(0.05)
             yield srv
         finally:

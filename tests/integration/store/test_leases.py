@@ -1,4 +1,4 @@
-"""Leases on the PostgreSQL store: one driver per run, takeover after expiry, fencing, exactly-once sessions."""
+"""PostgreSQL leases: one driver per run, takeover after expiry, fencing, exactly-once sessions."""
 
 from __future__ import annotations
 
@@ -18,8 +18,23 @@ def _queue(fleet: PgFleet, n: int) -> list[str]:
     ids = []
     for i in range(n):
         rid = f"run{i:02d}"
-        rec = RunRecord(rid, "m", "created", "script", "synthetic", 3, "t", "t", None, False,
-                        None, 1 << 20, 0, "base", "base")
+        rec = RunRecord(
+            rid,
+            "m",
+            "created",
+            "script",
+            "synthetic",
+            3,
+            "t",
+            "t",
+            None,
+            False,
+            None,
+            1 << 20,
+            0,
+            "base",
+            "base",
+        )
         fleet.submit(rec, files=b"", git_bundle=b"")
         ids.append(rid)
     return ids

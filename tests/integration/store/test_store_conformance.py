@@ -46,7 +46,9 @@ def impl(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Impl]:
         PgFleet(url).close()  # migrate
         it = Impl("pg", url, lambda: PgRunStore(url, RUN))
     s = it.open()
-    s.create_run(RUN, mission="m", agent="script", provider="synthetic", max_sessions=3, memory_cap=1)
+    s.create_run(
+        RUN, mission="m", agent="script", provider="synthetic", max_sessions=3, memory_cap=1
+    )
     s.close()
     yield it
 
@@ -58,11 +60,19 @@ def test_round_trip(impl: Impl) -> None:
         s.update_run(state="running", last_commit="abc")
         s.begin_session(1)
         s.update_session(1, phase="verify", tokens=7, detail={"k": 1})
-        s.record_checks(1, [CheckResult("a", True, "passed", 0, 0.1), CheckResult("b", False, "x", 1, 0.2)])
+        s.record_checks(
+            1, [CheckResult("a", True, "passed", 0, 0.1), CheckResult("b", False, "x", 1, 0.2)]
+        )
         s.end_session(1, state="done", end_reason="agent finished")
         assert s.run().state == "running" and s.run().last_commit == "abc"
         [one] = s.sessions()
-        assert (one.n, one.state, one.tokens, one.checks_passed, one.checks_total) == (1, "done", 7, 1, 2)
+        assert (one.n, one.state, one.tokens, one.checks_passed, one.checks_total) == (
+            1,
+            "done",
+            7,
+            1,
+            2,
+        )
         assert one.detail == {"k": 1}
         assert [c.name for c in s.checks(1)] == ["a", "b"]
         assert s.begin_pause("user") and not s.begin_pause("user") and s.paused()
@@ -130,8 +140,16 @@ def _obs_row(i: int) -> tuple[object, ...]:
     from corral.broker.journal import observation_row
 
     return observation_row(
-        Observation(run=RUN, session="1", env="agent", kind="net_connect", target=f"h{i}:443",
-                    decision="deny", rule=None, reason="test")
+        Observation(
+            run=RUN,
+            session="1",
+            env="agent",
+            kind="net_connect",
+            target=f"h{i}:443",
+            decision="deny",
+            rule=None,
+            reason="test",
+        )
     )
 
 
