@@ -27,12 +27,12 @@ __all__ = [
     "CorralError",
     "JournalError",
     "LayerUnavailableError",
+    "LeaseLostError",
     "PolicyError",
     "ProviderError",
     "RunDiskError",
     "SandboxStartError",
     "StoreError",
-    "LeaseLostError",
     "UsageError",
 ]
 

@@ -227,7 +227,10 @@ _RUN_FIELDS: Final = frozenset(
 
 
 def _connect(url: str) -> psycopg.Connection[tuple[Any, ...]]:
-    import psycopg
+    try:
+        import psycopg
+    except ImportError as exc:
+        raise StoreError("--store postgresql needs psycopg: install corral[postgresql]") from exc
 
     try:
         return psycopg.connect(url, autocommit=True, connect_timeout=10)

@@ -81,8 +81,20 @@ def _worker(url: str, work_dir: Path, log: Path) -> subprocess.Popen[bytes]:
     env["PYTHONPATH"] = str(Path(__file__).parents[3] / "src")
     with log.open("ab") as out:
         return subprocess.Popen(
-            [*corral_argv("worker", "--store", url, "--plain", "--lease", str(LEASE_S),
-                          "--idle-exit", "6", "--work-dir", str(work_dir))],
+            [
+                *corral_argv(
+                    "worker",
+                    "--store",
+                    url,
+                    "--plain",
+                    "--lease",
+                    str(LEASE_S),
+                    "--idle-exit",
+                    "6",
+                    "--work-dir",
+                    str(work_dir),
+                )
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
@@ -105,9 +117,7 @@ def _leased_in_phase(fleet: PgFleet, phase: str) -> tuple[int, str] | None:
     return None
 
 
-def test_fleet_survives_two_worker_kills(
-    tmp_path: Path, pg_url: str, run_ids: list[str]
-) -> None:
+def test_fleet_survives_two_worker_kills(tmp_path: Path, pg_url: str, run_ids: list[str]) -> None:
     mdir = tmp_path / "mission"
     mdir.mkdir()
     (mdir / "scenario.yaml").write_text(SCENARIO)
@@ -146,9 +156,7 @@ def test_fleet_survives_two_worker_kills(
         j = fleet.journal()
         try:
             ends = dict(
-                j.execute(
-                    "SELECT run, count(*) FROM events WHERE kind = 'run_end' GROUP BY run"
-                )
+                j.execute("SELECT run, count(*) FROM events WHERE kind = 'run_end' GROUP BY run")
             )
             dup = j.execute(
                 "SELECT source, local_id FROM journal_observations GROUP BY source, local_id"
@@ -159,9 +167,7 @@ def test_fleet_survives_two_worker_kills(
                 " GROUP BY source HAVING count(*) <> max(local_id)"
             )
             takeover_at = dict(
-                j.execute(
-                    "SELECT run, min(time) FROM events WHERE kind = 'takeover' GROUP BY run"
-                )
+                j.execute("SELECT run, min(time) FROM events WHERE kind = 'takeover' GROUP BY run")
             )
         finally:
             j.close()

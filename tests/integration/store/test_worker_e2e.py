@@ -35,8 +35,16 @@ def test_submit_then_worker_drives_it(tmp_path: Path, pg_url: str, run_ids: list
     r = corral("submit", str(mission), "--store", pg_url, "--id", rid, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     r = corral(
-        "worker", "--store", pg_url, "--max-runs", "1", "--plain",
-        "--work-dir", str(tmp_path / "w"), cwd=tmp_path, timeout=240,
+        "worker",
+        "--store",
+        pg_url,
+        "--max-runs",
+        "1",
+        "--plain",
+        "--work-dir",
+        str(tmp_path / "w"),
+        cwd=tmp_path,
+        timeout=240,
     )
     assert r.returncode == 0, r.stderr
     assert f"run {rid} passed" in r.stdout
