@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -39,11 +40,12 @@ if TYPE_CHECKING:
     from corral.store import RunStateStore
     from corral.store.postgres import Lease, PgFleet
 
-__all__ = ["WorkerReport", "git_bundle", "materialize", "submit", "work"]
+__all__ = ["WorkerReport", "git_bundle", "materialize", "safe_run_id", "submit", "work"]
 
 # What a run directory needs besides its git to be driven anywhere (see create_run).
 _FROZEN = ("mission.md", "run.json", "scenario.yaml", "checks", "state.sqlite")
 _MAX_FILES = 64 << 20
+_RUN_ID = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,127}")
 
 
 def git_bundle(git_dir: Path, scratch: Path) -> bytes:
@@ -106,12 +108,20 @@ def submit(
     return record.id
 
 
+def safe_run_id(run_id: str) -> str:
+    """`run_id` if it can name a directory and a cgroup; anyone with the store's URL can
+    insert a run row, so its id is checked before it becomes a path (pure)."""
+    if not _RUN_ID.fullmatch(run_id):
+        raise CorralError(f"refusing run id {run_id[:80]!r} from the store")
+    return run_id
+
+
 def materialize(fleet: PgFleet, lease: Lease, work_dir: Path) -> tuple[RunLayout, str]:
     """The run directory of a leased run, rebuilt from the store; (layout, journal source id)."""
     from corral.run.environments import RunLayout
     from corral.store.postgres import mirror_rows
 
-    root = work_dir.absolute() / lease.run_id
+    root = work_dir.absolute() / safe_run_id(lease.run_id)
     if root.exists():
         # A driver on this host died: what its broker journaled since the
         # last session end is only here; copy it in before it is discarded.

@@ -117,6 +117,22 @@ def _leased_in_phase(fleet: PgFleet, phase: str) -> tuple[int, str] | None:
     return None
 
 
+def _processes_naming(path: Path) -> list[int]:
+    """Live processes whose command line mentions `path`."""
+    needle = os.fsencode(str(path))
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                if needle in fh.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
 def test_fleet_survives_two_worker_kills(tmp_path: Path, pg_url: str, run_ids: list[str]) -> None:
     mdir = tmp_path / "mission"
     mdir.mkdir()
@@ -192,6 +208,7 @@ def test_fleet_survives_two_worker_kills(tmp_path: Path, pg_url: str, run_ids: l
         for rid in run_ids:
             cg = RunCgroup.detect(rid)
             assert cg is None or not cg.exists() or not cg.pids(), rid
+        assert _processes_naming(work) == []  # brokers, sandboxes of the killed workers too
         takeovers = [
             (datetime.fromisoformat(str(takeover_at[rid])) - when).total_seconds()
             for rid, _, when in kills
