@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -71,3 +72,29 @@ def test_submit_then_worker_drives_it(tmp_path: Path, pg_url: str, run_ids: list
     r = corral("status", "--store", pg_url, "--json", cwd=tmp_path)
     [row] = [json.loads(x) for x in r.stdout.splitlines()]
     assert (row["id"], row["state"], row["sessions"]) == (rid, "passed", 2)
+
+
+def test_run_with_store_queues_and_drives_here(
+    tmp_path: Path, pg_url: str, run_ids: list[str]
+) -> None:
+    mission = write_mission(tmp_path / "m")
+    rid = new_id()
+    run_ids.append(rid)
+    env = dict(os.environ, CORRAL_STORE=pg_url)  # the environment's store, no --store
+    r = corral(
+        "run",
+        str(mission),
+        "--id",
+        rid,
+        "--plain",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        cwd=tmp_path,
+        timeout=240,
+        env=env,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"run {rid} passed" in r.stdout
+    with PgFleet(pg_url) as f:
+        [q] = f.runs()
+    assert (q.run.id, q.run.state, q.takeovers) == (rid, "passed", 0)
