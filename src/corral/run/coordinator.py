@@ -42,7 +42,7 @@ from corral.broker.actions import Identity, Observation, ProcessEvent
 from corral.broker.config import BrokerConfig
 from corral.broker.journal import decision_counts as journal_counts
 from corral.broker.metering import journal_usage
-from corral.errors import AgentError, ConfigError, CorralError, UsageError
+from corral.errors import AgentError, ConfigError, CorralError, LeaseLostError, UsageError
 from corral.hostgit import TrustedRepo
 from corral.run.agent_port import RunAgent, resolve_agent
 from corral.run.environments import (
@@ -216,6 +216,7 @@ class Coordinator:
             }
         self._backends = dict(backends)
         self._open_store = store
+        self._lease_lost = False
         self.provider_ref = parse_provider(self.config.provider)
         self.run_id = layout.run_id
         self._stop_signal: int | None = None
@@ -297,6 +298,13 @@ class Coordinator:
         try:
             try:
                 return self._drive(store)
+            except LeaseLostError:
+                # Another worker drives the run now, perhaps on this host in the
+                # same run cgroup: the sweep would kill its sandboxes. What this
+                # driver started ended with its session (sandboxes are killed
+                # when they end), and the new driver's recovery swept the rest.
+                self._lease_lost = True
+                raise
             except Exception as exc:
                 # State is durable: record why, so `status` shows it; `resume` may retry.
                 with contextlib.suppress(Exception):
@@ -482,7 +490,7 @@ class Coordinator:
         if self._provider is not None:
             with contextlib.suppress(Exception):
                 self._provider.stop()
-        if self._cg is not None:
+        if self._cg is not None and not self._lease_lost:
             with contextlib.suppress(CorralError, OSError):
                 self._cg.sweep()
         if self._journal is not None:
