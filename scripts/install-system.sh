@@ -9,6 +9,8 @@ pkgs+=(chromium)
 pkgs+=(qemu-system-x86 busybox-static)
 # python3-venv: `make install` builds .venv (a stock Debian 12 lacks it); npm: the agent CLIs.
 pkgs+=(python3-venv)
+# postgresql: the server binaries the store tests start on a unix socket (tests/integration/store)
+pkgs+=(postgresql)
 # Node.js and npm: Debian's packages only when no node/npm is installed (a NodeSource nodejs
 # already ships npm, and Debian's npm would conflict with it).
 if ! command -v npm >/dev/null 2>&1; then

@@ -153,3 +153,23 @@ def _chromium() -> str | None:
 
 
 PROBES["requires_chromium"] = ("chromium and Playwright (Python) are installed", _chromium)
+
+
+# -- PostgreSQL (the shared run store, corral.store.postgres) ----------------
+PG_BIN = "/usr/lib/postgresql/15/bin"
+
+
+@functools.cache
+def _postgresql() -> str | None:
+    if not os.path.exists(f"{PG_BIN}/postgres") or not os.path.exists(f"{PG_BIN}/initdb"):
+        return f"PostgreSQL server binaries not in {PG_BIN}"
+    if os.geteuid() == 0 and not shutil.which("runuser"):
+        return "postgres refuses root and runuser is missing"
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        return "psycopg not installed"
+    return None
+
+
+PROBES["requires_postgresql"] = ("a PostgreSQL server can be started by the test", _postgresql)

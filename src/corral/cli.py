@@ -29,6 +29,7 @@ _AREAS: tuple[str, ...] = (
     "corral.agents.cli",
     "corral.dashboard.cli",
     "corral.k8s.cli",
+    "corral.store.cli",
 )
 
 

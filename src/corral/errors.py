@@ -12,7 +12,9 @@ CorralError
 ├── PolicyError(CorralError, ValueError)       a policy is malformed (always denies)
 ├── ProviderError(CorralError, RuntimeError)   synthetic provider / scenario failures
 ├── AgentError(CorralError, RuntimeError)      an agent CLI adapter failed
-└── RunDiskError(CorralError, OSError)         a run's quota'd disk image failed
+├── RunDiskError(CorralError, OSError)         a run's quota'd disk image failed
+└── StoreError(CorralError, OSError)           the shared run store failed
+    └── LeaseLostError(StoreError)             this worker no longer holds the run's lease
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ __all__ = [
     "CorralError",
     "JournalError",
     "LayerUnavailableError",
+    "LeaseLostError",
     "PolicyError",
     "ProviderError",
     "RunDiskError",
     "SandboxStartError",
+    "StoreError",
     "UsageError",
 ]
 
@@ -93,3 +97,11 @@ class AgentError(CorralError, RuntimeError):
 
 class RunDiskError(CorralError, OSError):
     """A run's disk image could not be made, mounted or unmounted."""
+
+
+class StoreError(CorralError, OSError):
+    """The shared run store (PostgreSQL) cannot be reached, migrated or written."""
+
+
+class LeaseLostError(StoreError):
+    """This worker's lease on a run expired or was taken: it must not write or act."""

@@ -35,6 +35,8 @@ AREA_PREFIXES: tuple[tuple[str, str], ...] = (
     ("corral.verify.cli", "cli"),
     ("corral.dashboard", "dashboard"),
     ("corral.k8s", "k8s"),
+    ("corral.store", "store"),
+    ("corral.store.cli", "cli"),
     ("corral.k8s.cli", "cli"),
     # A backend and its pure rendering: they import nothing above the sandbox.
     ("corral.k8s.backend", "sandbox"),
@@ -76,6 +78,7 @@ LAYER: Mapping[str, int] = {
     "dashboard": 4,
     "viewer": 4,
     "k8s": 4,
+    "store": 4,
     "agents": 3,
     "broker": 3,
     "provider": 3,
@@ -96,6 +99,7 @@ SAME_LAYER: Mapping[tuple[str, str], str] = {
     ("verify", "doctor"): "verify asks the doctor whether kernel audit is on",
     ("agents", "broker"): "an agent's provider route is a broker route config (pure data)",
     ("dashboard", "run"): "the dashboard reads run state and calls run control (stop, pause)",
+    ("store", "run"): "a fleet worker drives runs with corral run's coordinator",
     ("k8s", "run"): "renders the environments corral run would start",
     ("viewer", "run"): "the viewer starts a run's product the way corral run does",
 }

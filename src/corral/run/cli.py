@@ -21,6 +21,17 @@ _RUNS_DIR = typer.Option(
     "--runs-dir",
     help="where runs live (default: $CORRAL_RUNS_DIR, else the nearest .corral/runs upward)",
 )
+_STORE = typer.Option("--store", help="postgresql://… (default: CORRAL_STORE, else SQLite)")
+
+
+def _store_url(cmd: str, option: str | None) -> str | None:
+    from corral.errors import UsageError
+    from corral.store import store_url
+
+    try:
+        return store_url(option)
+    except UsageError as exc:
+        raise _fail(cmd, str(exc), 2) from exc
 
 
 def _fail(cmd: str, message: str, code: int) -> typer.Exit:
@@ -93,6 +104,7 @@ def register(app: typer.Typer) -> None:
         runs_dir: Annotated[Path | None, _RUNS_DIR] = None,
         run_id: Annotated[str | None, typer.Option("--id", help="the run's id")] = None,
         plain: Annotated[bool, typer.Option("--plain", help="plain progress lines")] = False,
+        store: Annotated[str | None, _STORE] = None,
     ) -> None:
         """Drive an agent through sessions until the mission's checks pass."""
         from corral.errors import AgentError, ConfigError, RunDiskError, UsageError
@@ -103,6 +115,18 @@ def register(app: typer.Typer) -> None:
         if run_id is not None and (not run_id[:1].isalpha() or "/" in run_id):
             raise _fail("run", f"a run id starts with a letter and has no '/': {run_id!r}", 2)
         runs_dir = _runs("run", runs_dir, create=True)
+        if (url := _store_url("run", store)) is not None:
+            from corral.store.cli import run_in_store
+
+            run_in_store(
+                url,
+                mission,
+                agent=agent,
+                provider=provider,
+                run_id=run_id,
+                runs_dir=runs_dir,
+                plain=plain,
+            )
         try:
             sweep_stale(runs_dir)
             m = load_mission(mission, provider, provider_key)
@@ -194,8 +218,14 @@ def register(app: typer.Typer) -> None:
         ] = None,
         runs_dir: Annotated[Path | None, _RUNS_DIR] = None,
         as_json: Annotated[bool, typer.Option("--json", help="one JSON object per run")] = False,
+        store: Annotated[str | None, _STORE] = None,
     ) -> None:
         """Every run: agent, start, state, session n/N, checks passing, allowed/denied."""
+        if (url := _store_url("status", store)) is not None:
+            from corral.store.cli import status_from_store
+
+            status_from_store(url, as_json)
+            return
         runs_dir = _runs("status", runs_dir)
         from rich.console import Console
 

@@ -44,7 +44,7 @@ from corral.broker.config import BrokerConfig
 from corral.broker.journal import decision_counts as journal_counts
 from corral.broker.metering import journal_usage
 from corral.broker.unix_journal import unix_observer
-from corral.errors import AgentError, ConfigError, CorralError, UsageError
+from corral.errors import AgentError, ConfigError, CorralError, LeaseLostError, UsageError
 from corral.hostgit import TrustedRepo
 from corral.run.agent_port import RunAgent, resolve_agent
 from corral.run.environments import (
@@ -76,6 +76,7 @@ if TYPE_CHECKING:
 
     from corral.broker.journal import Journal
     from corral.provider.server import ProviderThread
+    from corral.run.store_api import RunStateStore
     from corral.run.watchdog import Watchdog
     from corral.sandbox.spec import ExecResult, Limits, SandboxSpec
     from corral.sandbox.unix_admit import UnixConnectEvent
@@ -213,10 +214,13 @@ class Coordinator:
         layout: RunLayout,
         progress: Progress,
         backends: Mapping[str, Backend] | None = None,
+        store: Callable[[], RunStateStore] | None = None,
     ) -> None:
         """`backends`: the backend of each environment (agent, product,
         verifier); default the mission's `backend` choice, loaded here so an
-        unavailable one refuses the run before it starts."""
+        unavailable one refuses the run before it starts. `store`: opens the
+        run's state elsewhere than its SQLite file (a fleet's PostgreSQL, the
+        caller holding the run's lease, which replaces the flock)."""
         self.layout = layout
         self.progress = progress
         self.mission, self.config = load_run(layout)
@@ -227,6 +231,8 @@ class Coordinator:
                 for env in ("agent", "product", "verifier")
             }
         self._backends = dict(backends)
+        self._open_store = store
+        self._lease_lost = False
         self.provider_ref = parse_provider(self.config.provider, self.config.provider_key)
         self.run_id = layout.run_id
         self._stop_signal: int | None = None
@@ -304,12 +310,20 @@ class Coordinator:
         route_secret_env(provider_choice(self.provider_ref), os.environ)
         become_subreaper()
         lock = RunLock(self.layout.root)
-        lock.acquire(wait_s=3.0)
+        if self._open_store is None:
+            lock.acquire(wait_s=3.0)
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        store = Store(self.layout.state)
+        store = Store(self.layout.state) if self._open_store is None else self._open_store()
         try:
             try:
                 return self._drive(store)
+            except LeaseLostError:
+                # Another worker drives the run now, perhaps on this host in the
+                # same run cgroup: the sweep would kill its sandboxes. What this
+                # driver started ended with its session (sandboxes are killed
+                # when they end), and the new driver's recovery swept the rest.
+                self._lease_lost = True
+                raise
             except Exception as exc:
                 # State is durable: record why, so `status` shows it; `resume` may retry.
                 with contextlib.suppress(Exception):
@@ -326,7 +340,7 @@ class Coordinator:
                 signal.signal(s, h)
             lock.release()
 
-    def _drive(self, store: Store) -> str:
+    def _drive(self, store: RunStateStore) -> str:
         from corral.broker.journal import Journal
 
         run = store.run()
@@ -391,7 +405,7 @@ class Coordinator:
             if passed:
                 return self._finish(store, "passed", f"every check passed in session {n}")
 
-    def _recover(self, store: Store) -> None:
+    def _recover(self, store: RunStateStore) -> None:
         assert self._cg is not None
         interrupted = store.mark_interrupted()
         killed = self._cg.sweep() if self._cg.exists() else 0
@@ -426,7 +440,7 @@ class Coordinator:
         restored.rename(ws)
         shutil.rmtree(aside, ignore_errors=True)
 
-    def _finish(self, store: Store, state: str, reason: str) -> str:
+    def _finish(self, store: RunStateStore, state: str, reason: str) -> str:
         run = store.run()
         peak = max(run.peak_memory, self._cg.peak_memory() if self._cg else 0)
         store.update_run(state=state, end_reason=reason, peak_memory=peak, coordinator_pid=None)
@@ -435,7 +449,7 @@ class Coordinator:
         self.progress.update(state=state, activity=reason)
         return state
 
-    def _write_report(self, store: Store) -> None:
+    def _write_report(self, store: RunStateStore) -> None:
         sessions = store.sessions()
         allowed, denied = journal_counts(self.layout.journal, self.run_id)
         text = render_report(
@@ -496,7 +510,7 @@ class Coordinator:
         if self._provider is not None:
             with contextlib.suppress(Exception):
                 self._provider.stop()
-        if self._cg is not None:
+        if self._cg is not None and not self._lease_lost:
             with contextlib.suppress(CorralError, OSError):
                 self._cg.sweep()
         if self._journal is not None:
@@ -534,7 +548,7 @@ class Coordinator:
         return total
 
     # -- one session ------------------------------------------------------
-    def _session_loop(self, store: Store, n: int) -> bool:
+    def _session_loop(self, store: RunStateStore, n: int) -> bool:
         self._session = n
         sessions = store.sessions()
         last_done = next((s for s in reversed(sessions) if s.state == "done"), None)
@@ -603,7 +617,7 @@ class Coordinator:
         return passed
 
     def _agent_phase(
-        self, store: Store, n: int, prompt: str
+        self, store: RunStateStore, n: int, prompt: str
     ) -> tuple[str, ExecResult | None, AgentResult | None, int | None]:
         assert self._agent is not None and self._cg is not None and self._journal is not None
         install = self._agent.install(self.layout.tools)
@@ -676,7 +690,7 @@ class Coordinator:
             self._journal.append(obs)
 
     # -- product and verifier ---------------------------------------------
-    def _verify(self, store: Store, n: int) -> list[CheckResult]:
+    def _verify(self, store: RunStateStore, n: int) -> list[CheckResult]:
         assert self._cg is not None
         product = self.mission.settings.product
         running: Sandbox | None = None
