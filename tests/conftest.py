@@ -140,3 +140,13 @@ def run_cmd() -> Callable[..., subprocess.CompletedProcess[str]]:
         )
 
     return _run
+
+
+# -- requires_chromium (the viewer; the dashboard may add the same block) -----
+@functools.cache
+def _chromium() -> str | None:
+    ok = os.access("/usr/bin/chromium", os.X_OK)
+    return None if ok else "/usr/bin/chromium (Debian's chromium) not installed"
+
+
+PROBES.setdefault("requires_chromium", ("Debian's /usr/bin/chromium is installed", _chromium))
