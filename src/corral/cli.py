@@ -27,6 +27,7 @@ _AREAS: tuple[str, ...] = (
     "corral.verify.cli",
     "corral.run.cli",
     "corral.agents.cli",
+    "corral.viewer.cli",
 )
 
 

@@ -129,6 +129,7 @@ def test_token_and_origin_are_required(running_view: RunningView) -> None:
     for path in ("/viewer", "/viewer/static/viewer.js", "/viewer/ws", "/nope"):
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(base + path, timeout=5)
+        info.value.close()
         assert info.value.code == 403
         assert "default-src 'self'" in info.value.headers["Content-Security-Policy"]
         assert info.value.headers["X-Content-Type-Options"] == "nosniff"
@@ -146,4 +147,5 @@ def test_token_and_origin_are_required(running_view: RunningView) -> None:
     )
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(req, timeout=5)
+    info.value.close()
     assert info.value.code == 403
