@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import tempfile
 import threading
@@ -22,15 +23,17 @@ PRODUCT = Path(__file__).parent / "product"
 PORT = 8000
 
 
-def product_spec(scratch: Path) -> SandboxSpec:
+def product_spec(
+    scratch: Path, script: str = "server.py", env: dict[str, str] | None = None
+) -> SandboxSpec:
     return SandboxSpec(
         argv=redirect_argv(
-            ("/bin/sh", "-c", f"cd {PRODUCT} && exec python3 server.py"),
+            ("/bin/sh", "-c", f"cd {PRODUCT} && exec python3 {script}"),
             scratch / "stdout.log",
             scratch / "stderr.log",
         ),
         workspace=str(scratch),
-        env=tuple(sorted(base_env({"PORT": str(PORT)}).items())),
+        env=tuple(sorted(base_env({"PORT": str(PORT), **(env or {})}).items())),
         binds=(Bind(str(PRODUCT), writable=False),),
         limits=Limits(memory_bytes=128 << 20, pids=64),
         network=NetworkSpec(),
@@ -62,11 +65,19 @@ class RunningView:
 
 @pytest.fixture(scope="module")
 def running_view() -> Iterator[RunningView]:
+    with start_view("server.py", {}, "/health") as view:
+        yield view
+
+
+@contextlib.contextmanager
+def start_view(script: str, env: dict[str, str], ready_path: str) -> Iterator[RunningView]:
+    """The product `script` (in product/) in its sandbox, viewed; torn down on exit."""
     tmp = Path(tempfile.mkdtemp(prefix="corral-viewer-test-"))
     (tmp / "product").mkdir()
     forwards: list[str] = []
     be = load_backend(backend_config("namespace"))
-    plan = ViewPlan(product_spec(tmp / "product"), PORT, "/health", 15.0, tmp / "viewer")
+    spec = product_spec(tmp / "product", script, env)
+    plan = ViewPlan(spec, PORT, ready_path, 15.0, tmp / "viewer")
     stack = ViewStack(plan, product_backend=be, viewer_backend=be, on_forward=forwards.append)
     token = new_token()
     loop = asyncio.new_event_loop()
