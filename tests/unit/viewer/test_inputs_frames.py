@@ -16,7 +16,8 @@ def _msg(**kw: object) -> str:
 
 
 def test_valid_events_parse() -> None:
-    m = parse_input(_msg(kind="mouse", type="mousePressed", x=10, y=20, button="left", clickCount=1))
+    msg = _msg(kind="mouse", type="mousePressed", x=10, y=20, button="left", clickCount=1)
+    m = parse_input(msg)
     assert m == Mouse("mousePressed", 10, 20, "left", 1)
     assert parse_input(_msg(kind="text", text="héllo")) == Text("héllo")
     assert parse_input(_msg(kind="nav", action="go", path="/todos?x=1")) == Nav("go", "/todos?x=1")

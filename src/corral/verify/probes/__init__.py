@@ -21,6 +21,7 @@ from corral.verify.probes import (
     terminal_and_uids,
     unix_sockets,
     usability,
+    viewer,
 )
 from corral.verify.probes._prelude import PRELUDE
 
@@ -47,6 +48,7 @@ def all_probes() -> list[Probe]:
         *session_record.PROBES,
         *unix_sockets.PROBES,
         *footprint.PROBES,
+        *viewer.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:
