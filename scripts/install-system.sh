@@ -7,6 +7,8 @@ pkgs=(bubblewrap libseccomp2 python3 curl git gcc make socat ripgrep iproute2 ut
 pkgs+=(qemu-system-x86 busybox-static)
 # python3-venv: `make install` builds .venv (a stock Debian 12 lacks it); npm: the agent CLIs.
 pkgs+=(python3-venv)
+# chromium: `corral view`'s viewer sandbox and the host browser of its tests and M11 probes.
+pkgs+=(chromium)
 # Node.js and npm: Debian's packages only when no node/npm is installed (a NodeSource nodejs
 # already ships npm, and Debian's npm would conflict with it).
 if ! command -v npm >/dev/null 2>&1; then
