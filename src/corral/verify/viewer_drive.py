@@ -187,14 +187,11 @@ def drive(direct: bool) -> dict[str, Any]:
             browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
             ctx = browser.new_context(viewport={"width": 1800, "height": 1000})
             loaded: list[str] = []
-            bodies: list[bytes] = []
+            responses: list[Any] = []
             ctx.on("request", lambda r: loaded.append(r.url))
-
-            def on_response(r: Any) -> None:
-                with contextlib.suppress(Exception):
-                    bodies.append(r.body())
-
-            ctx.on("response", on_response)
+            # Bodies are read after the page ran: the sync API cannot be
+            # re-entered from an event handler.
+            ctx.on("response", lambda r: responses.append(r))  # noqa: PLW0108 (no builtins)
             page = ctx.new_page()
             page.goto(url)
             shown = False
@@ -211,8 +208,12 @@ def drive(direct: bool) -> dict[str, Any]:
                         ".getContext('2d').getImageData(900, 600, 1, 1).data.slice(0, 3))"
                     )
                 shown = _near(list(rgb))
-                time.sleep(0.2)
-            time.sleep(1.0)  # the product's script had its chance
+                page.wait_for_timeout(200)
+            page.wait_for_timeout(1000)  # the product's script had its chance
+            bodies = []
+            for r in list(responses):
+                with contextlib.suppress(Exception):  # redirects have no body
+                    bodies.append(r.body())
             viewer_origin = None if direct else origin
             foreign = [u for u in loaded if viewer_origin is None or not u.startswith(origin + "/")]
             facts: dict[str, Any] = {

@@ -74,28 +74,35 @@ def browser() -> Iterator[Any]:
             b.close()
 
 
-def _open(browser: Any, url: str) -> tuple[Any, Any, list[str], list[bytes]]:
+def _open(browser: Any, url: str) -> tuple[Any, Any, list[str], list[Any]]:
     ctx = browser.new_context(viewport={"width": 1800, "height": 1000})
     pg = ctx.new_page()
     urls: list[str] = []
-    bodies: list[bytes] = []
+    responses: list[Any] = []
     ctx.on("request", lambda r: urls.append(r.url))
+    # Playwright cannot wrap a builtin method as a handler.
+    ctx.on("response", lambda r: responses.append(r))  # noqa: PLW0108
+    pg.goto(url)
+    return ctx, pg, urls, responses
 
-    def on_response(r: Any) -> None:
+
+def _bodies(pg: Any, responses: list[Any]) -> list[bytes]:
+    """Every response body the host browser received (read outside the event
+    handlers: the sync API cannot be re-entered from one)."""
+    pg.wait_for_timeout(300)  # lets Playwright deliver pending events
+    out = []
+    for r in list(responses):
         # Redirects and aborted loads have no body.
         with contextlib.suppress(Exception):
-            bodies.append(r.body())
-
-    ctx.on("response", on_response)
-    pg.goto(url)
-    return ctx, pg, urls, bodies
+            out.append(r.body())
+    return out
 
 
 def test_hostile_product_through_the_viewer(browser: Any, canary: Canary) -> None:
     secret = "corral-secret-" + secrets.token_hex(8)
     env = {"CANARY_PORT": str(canary.port), "PRODUCT_SECRET": secret}
     with start_view("attack.py", env, "/") as view:
-        ctx, pg, urls, bodies = _open(browser, view.url)
+        ctx, pg, urls, responses = _open(browser, view.url)
         try:
             assert _wait(lambda: _frames(pg) > 0, 20.0)
             # The product is shown: its background colour is in the frame.
@@ -103,6 +110,8 @@ def test_hostile_product_through_the_viewer(browser: Any, canary: Canary) -> Non
             time.sleep(1.0)  # the product's script had its chance
             assert canary.hits == 0
             assert all(u.startswith(view.origin + "/") for u in urls), urls
+            bodies = _bodies(pg, responses)
+            assert len(bodies) >= 3  # the page, its script and style at least
             assert not any(secret.encode() in b for b in bodies)
             assert [c["name"] for c in ctx.cookies()] == ["corral_viewer"]
             assert len(ctx.pages) == 1
@@ -130,10 +139,10 @@ def test_control_the_same_product_opened_directly_attacks_the_host(
                 break
             except OSError:
                 time.sleep(0.1)
-        ctx, _pg, urls, bodies = _open(browser, f"http://127.0.0.1:{port}/")
+        ctx, pg, urls, responses = _open(browser, f"http://127.0.0.1:{port}/")
         try:
             assert _wait(lambda: canary.hits > 0, 10.0)
-            assert any(secret.encode() in b for b in bodies)
+            assert any(secret.encode() in b for b in _bodies(pg, responses))
             assert any(f":{port}/" in u for u in urls)
             assert "product" in [c["name"] for c in ctx.cookies()]
         finally:
