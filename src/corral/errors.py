@@ -13,6 +13,11 @@ CorralError
 ├── ProviderError(CorralError, RuntimeError)   synthetic provider / scenario failures
 ├── AgentError(CorralError, RuntimeError)      an agent CLI adapter failed
 └── RunDiskError(CorralError, OSError)         a run's quota'd disk image failed
+
+Defined next to the code that raises and catches them (`corral.viewer`):
+CdpError(CorralError, ConnectionError) the viewer's DevTools connection failed;
+InputRejected(CorralError, ValueError) a viewer page message refused;
+FrameRejected(CorralError, ValueError) browser data that is not a bounded JPEG.
 """
 
 from __future__ import annotations
