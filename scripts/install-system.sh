@@ -3,7 +3,7 @@
 set -euo pipefail
 # ripgrep and socat: `corral verify --backend srt` (sandbox-runtime needs both)
 pkgs=(bubblewrap libseccomp2 python3 curl git gcc make socat ripgrep iproute2 util-linux openssl runsc e2fsprogs)
-# chromium: the dashboard's browser tests drive Debian's chromium through Playwright.
+# chromium: the dashboard's browser tests and `corral view`'s viewer sandbox (and its M11 probes).
 pkgs+=(chromium)
 # qemu-system-x86 and busybox-static: `--backend microvm` (its guest kernel: install-microvm-kernel.sh)
 pkgs+=(qemu-system-x86 busybox-static)

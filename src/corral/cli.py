@@ -30,6 +30,7 @@ _AREAS: tuple[str, ...] = (
     "corral.dashboard.cli",
     "corral.k8s.cli",
     "corral.store.cli",
+    "corral.viewer.cli",
 )
 
 

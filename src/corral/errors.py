@@ -15,6 +15,11 @@ CorralError
 ├── RunDiskError(CorralError, OSError)         a run's quota'd disk image failed
 └── StoreError(CorralError, OSError)           the shared run store failed
     └── LeaseLostError(StoreError)             this worker no longer holds the run's lease
+
+Defined next to the code that raises and catches them (`corral.viewer`):
+CdpError(CorralError, ConnectionError) the viewer's DevTools connection failed;
+InputRejected(CorralError, ValueError) a viewer page message refused;
+FrameRejected(CorralError, ValueError) browser data that is not a bounded JPEG.
 """
 
 from __future__ import annotations

@@ -101,6 +101,7 @@ SAME_LAYER: Mapping[tuple[str, str], str] = {
     ("dashboard", "run"): "the dashboard reads run state and calls run control (stop, pause)",
     ("store", "run"): "a fleet worker drives runs with corral run's coordinator",
     ("k8s", "run"): "renders the environments corral run would start",
+    ("verify", "viewer"): "the M11 probes attack the real viewer",
     ("viewer", "run"): "the viewer starts a run's product the way corral run does",
 }
 

@@ -251,7 +251,6 @@ class NoneBackend(Backend):
 
     def not_applicable(self) -> dict[str, str]:
         return {
-            "M11": "no sandbox: nothing stands between product content and the host",
             "M12": "no sandbox: there is no separate verifier environment",
         }
 

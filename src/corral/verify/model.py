@@ -360,6 +360,7 @@ class Probe:
     the broker process the journal names (`broker_start pid=N`) once the
     probe is ready. With `mission` the probe is a whole `corral run` instead
     (see `MissionSpec`); its oracle reads the run's state, report and journal.
+    With `viewer` the host drives a browser at a hostile product instead.
     """
 
     id: str
@@ -390,6 +391,9 @@ class Probe:
     exec_args: tuple[str, ...] = ()
     fault: Fault | None = None
     mission: MissionSpec | None = None
+    #: An M11 probe: the host drives a browser at a hostile product
+    #: (`corral.verify.viewer_drive`); `code` is unused.
+    viewer: bool = False
 
 
 @dataclass(frozen=True, slots=True)

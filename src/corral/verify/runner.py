@@ -850,6 +850,8 @@ class _Suite:
             return Skipped(
                 p, "not-tested", "`corral run` drives namespace sandboxes only (no --backend)"
             )
+        if p.viewer and self.backend.name not in ("namespace", "none"):
+            return Skipped(p, "not-tested", "`corral view` drives namespace sandboxes only")
         for key in sorted(set(p.uses) | used_keys(p)):
             if key in self.cs.absent:
                 return Skipped(p, "not-applicable", self.cs.absent[key])
@@ -925,6 +927,8 @@ class _Suite:
                 stack.callback(kill_victim, victim)
             if p.mission is not None:
                 return self._execute_mission(p, p.mission, ctx=ctx, marker=marker)
+            if p.viewer:
+                return self._execute_viewer(p)
             for step in p.steps:
                 _apply_step(step, ctx)
             snaps = {
@@ -1106,6 +1110,28 @@ class _Suite:
             ctx=ctx,
         )
         self._cleanup(p, ctx, marker, snaps)
+        return self._judge(p, ev, wall)
+
+    def _execute_viewer(self, p: Probe) -> ProbeResult | Skipped:
+        """The M11 attack (`--backend none`: the product opened directly)."""
+        from corral.verify.viewer_drive import drive
+
+        started = time.monotonic()
+        try:
+            facts = drive(direct=self.backend.kind == "baseline")
+        except Exception as exc:  # the probe could not run: an error, never "denied"
+            facts, err = {}, f"the viewer drive failed: {exc!r}"[:300]
+        else:
+            err = ""
+        wall = time.monotonic() - started
+        ev = Evidence(
+            stdout="CORRAL-START" if facts else "",
+            stderr=err,
+            exit=0,
+            wall_s=wall,
+            facts=facts,
+            secrets={**self.cs.secrets},
+        )
         return self._judge(p, ev, wall)
 
     def _execute_mission(

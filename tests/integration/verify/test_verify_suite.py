@@ -75,11 +75,7 @@ def test_namespace_backend_meets_every_mandatory_requirement(tmp_path: Path) -> 
 
 #: Mandatory requirements allowed to come back other than "met" on the
 #: namespace backend, each with why. Keep this list short and explained.
-MAY_BE_UNTESTED: dict[str, str] = {
-    # `corral view` (remote rendering of the product) does not exist yet, so
-    # no probe can look at the product: M11 is "not tested" until it lands.
-    "M11": "corral view is not built yet",
-}
+MAY_BE_UNTESTED: dict[str, str] = {}
 
 
 @pytest.mark.requires_sandbox

@@ -22,6 +22,7 @@ from corral.verify.probes import (
     terminal_and_uids,
     unix_sockets,
     usability,
+    viewer,
 )
 from corral.verify.probes._prelude import PRELUDE
 
@@ -49,6 +50,7 @@ def all_probes() -> list[Probe]:
         *unix_sockets.PROBES,
         *footprint.PROBES,
         *broker_tls.PROBES,
+        *viewer.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:

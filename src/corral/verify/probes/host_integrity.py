@@ -13,7 +13,7 @@ terminal.
 from __future__ import annotations
 
 from corral.verify.model import FileChanged, GitRepo, HostGit, Probe, TtyInjected
-from corral.verify.oracles import Fact, Reported
+from corral.verify.oracles import Fact
 from corral.verify.probes._dsl import code
 from corral.verify.probes._mission import M6_PROBES, M12_PROBES
 
@@ -150,15 +150,6 @@ PROBES: list[Probe] = [
          """,
     ),
     *M6_PROBES,
-    Probe(
-        "hostint-view-product-html",
-        "host-integrity",
-        "M11",
-        "have the viewer render product HTML/JS (it must never run in the host browser)",
-        code("result(False)"),
-        Reported(),
-        skip="there is no product viewer to attack: `corral view` is not implemented",
-    ),
     *M12_PROBES,
     Probe(
         "hostint-bashrc",

@@ -1,0 +1,169 @@
+"""A product sandbox, a viewer sandbox and the forward between them, as one unit.
+
+`ViewStack` starts the product (its spec as `corral run` builds it), waits
+until it answers, starts the viewer sandbox with the product port forwarded
+into it (each connection journaled through `on_forward`, which may refuse it
+by raising) and closes everything in `close()`, even when a step failed.
+`serve()` attaches a `Viewer` and serves the standalone page until a stop
+event (Ctrl-C/SIGTERM in `corral view`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from corral.errors import SandboxStartError
+from corral.run.forward import PortForwarder, probe_ready
+from corral.viewer.sandbox import DEVTOOLS_PORT, ViewerLimits, ViewerSandbox, viewer_spec
+
+if TYPE_CHECKING:
+    from corral.sandbox.backend import Backend, Sandbox, SandboxNet
+    from corral.sandbox.spec import SandboxSpec
+    from corral.viewer.core import Viewer
+
+__all__ = ["ViewPlan", "ViewStack", "serve"]
+
+
+@dataclass(frozen=True, slots=True)
+class ViewPlan:
+    product: SandboxSpec
+    product_port: int
+    ready_path: str | None
+    ready_timeout_s: float
+    scratch: Path
+    run_id: str | None = None
+    session_id: str | None = None
+    parent_cgroup: str | None = None
+    width: int = 1280
+    height: int = 800
+    limits: ViewerLimits = field(default_factory=ViewerLimits)
+
+
+class ViewStack:
+    """Everything a view runs; `close()` always."""
+
+    def __init__(
+        self,
+        plan: ViewPlan,
+        *,
+        product_backend: Backend,
+        viewer_backend: Backend,
+        on_forward: Callable[[str], None],
+    ) -> None:
+        self.plan = plan
+        self.product: Sandbox | None = None
+        self.viewer: ViewerSandbox | None = None
+        self.product_net: SandboxNet | None = None
+        self._forwarder = PortForwarder(on_forward)
+        try:
+            holder: list[SandboxNet] = []
+            self.product = product_backend.start(
+                plan.product, parent_cgroup=plan.parent_cgroup, network=holder.append
+            )
+            product = self.product
+            self.product_net = holder[0]
+            ready, why = probe_ready(
+                holder[0],
+                plan.product_port,
+                plan.ready_path,
+                plan.ready_timeout_s,
+                alive=lambda: product.poll() is None,
+            )
+            if not ready:
+                raise SandboxStartError(f"the product is not ready: {why}")
+            plan.scratch.mkdir(parents=True, exist_ok=True)
+            spec = viewer_spec(
+                plan.scratch,
+                width=plan.width,
+                height=plan.height,
+                limits=plan.limits,
+                run_id=plan.run_id,
+                session_id=plan.session_id,
+            )
+            self.viewer = ViewerSandbox(
+                viewer_backend,
+                spec,
+                product=holder[0],
+                product_port=plan.product_port,
+                forwarder=self._forwarder,
+                parent_cgroup=plan.parent_cgroup,
+            )
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def origin(self) -> str:
+        return f"http://127.0.0.1:{self.plan.product_port}"
+
+    def close(self) -> None:
+        if self.viewer is not None:
+            with contextlib.suppress(Exception):
+                self.viewer.close()
+            self.viewer = None
+        if self.product is not None:
+            with contextlib.suppress(Exception):
+                self.product.interrupt(signal.SIGKILL)
+            self.product.close()
+            self.product = None
+        self._forwarder.close()
+
+
+async def attach(stack: ViewStack, path: str = "/") -> Viewer:
+    """Connect a `Viewer` to the stack's Chromium and load the product."""
+    from corral.viewer.core import Viewer, open_page_target
+
+    assert stack.viewer is not None
+    client = await open_page_target(stack.viewer.devtools, f"127.0.0.1:{DEVTOOLS_PORT}")
+    viewer = Viewer(client, stack.origin, stack.plan.width, stack.plan.height)
+    await viewer.start(path)
+    return viewer
+
+
+async def serve(
+    stack: ViewStack,
+    *,
+    port: int,
+    token: str,
+    stop: asyncio.Event,
+    on_url: Callable[[str], None],
+) -> None:
+    """Serve the standalone viewer page on 127.0.0.1:`port` until `stop` is set."""
+    from aiohttp import web
+
+    from corral.viewer.web import standalone_app
+
+    viewer = await attach(stack)
+    runner: web.AppRunner | None = None
+    sock: socket.socket | None = None
+    try:
+        # Port 0 picks a free port; the Origin the WS check wants needs the real one.
+        sock = _bind(port)
+        real = sock.getsockname()[1]
+        app = standalone_app(viewer, token, f"http://127.0.0.1:{real}")
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.SockSite(runner, sock).start()
+        on_url(f"http://127.0.0.1:{real}/viewer?token={token}")
+        await stop.wait()
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        if sock is not None:
+            sock.close()
+        await viewer.aclose()
+
+
+def _bind(port: int) -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen(64)
+    return s
