@@ -61,13 +61,13 @@ def register(app: typer.Typer) -> None:
     def run(  # noqa: PLR0917
         mission: Annotated[Path, typer.Argument(help="the mission file (Markdown + TOML)")],
         agent: Annotated[
-            str | None, typer.Option("--agent", help="script | claude-code | codex")
+            str | None, typer.Option("--agent", help="script | claude-code | codex | gemini")
         ] = None,
         provider: Annotated[
             str | None,
             typer.Option(
                 "--provider",
-                help="synthetic[:FILE] | anthropic | openai | anthropic-compatible:URL"
+                help="synthetic[:FILE] | anthropic | openai | gemini | anthropic-compatible:URL"
                 " | openai-compatible:URL",
             ),
         ] = None,
