@@ -56,6 +56,9 @@ def _drive(cmd: str, layout_root: Path, plain: bool) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the corral app."""
+    from corral.run.init import register as register_init
+
+    register_init(app)
 
     @app.command("run")
     def run(  # noqa: PLR0917

@@ -53,9 +53,15 @@ conversations:
       - say: "server written"
   - prompt: "(?m)^Session 2 of"
     turns:
-      - calls: [{shell: "(echo \\"env=$CORRAL_DATA\\"; ls -a ..; cat ../data/marker DATA_GUESS) > seen 2>&1; echo yes > done"}]
+      - calls: [{shell: LOOK}]
       - say: "done"
 """
+
+#: The agent of session 2 looks for the data: its variable, beside the workspace, its host path.
+LOOK = (
+    '(echo "env=$CORRAL_DATA"; ls -a ..; cat ../data/marker DATA_GUESS) > seen 2>&1;'
+    " echo yes > done"
+)
 
 CHECK = (
     'python3 -c \\"import os, urllib.request as u; '
@@ -111,9 +117,8 @@ def _mission(root: Path, agent_data: str, data_path: Path) -> Path:
     import json
 
     root.mkdir(parents=True)
-    scenario = SCENARIO.replace("SERVER_JSON", json.dumps(SERVER)).replace(
-        "DATA_GUESS", str(data_path / "marker")
-    )
+    look = LOOK.replace("DATA_GUESS", str(data_path / "marker"))
+    scenario = SCENARIO.replace("SERVER_JSON", json.dumps(SERVER)).replace("LOOK", json.dumps(look))
     (root / "scenario.yaml").write_text(scenario)
     (root / "MISSION.md").write_text(MISSION.replace("AGENT_DATA", agent_data))
     return root / "MISSION.md"

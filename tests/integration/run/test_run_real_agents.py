@@ -1,4 +1,4 @@
-"""End to end with the real Claude Code, Codex and Gemini CLIs (installed by scripts/install-agents.sh).
+"""End to end with the real Claude Code, Codex and Gemini CLIs (scripts/install-agents.sh).
 
 The same examples and scenarios as with the script test agent: the synthetic
 provider plays them to each CLI through the agent's broker route.
