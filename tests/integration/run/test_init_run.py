@@ -1,4 +1,4 @@
-"""`corral init` writes a mission `corral run` accepts, with a placeholder check that means something."""
+"""`corral init` writes a mission `corral run` accepts; its placeholder check means something."""
 
 from __future__ import annotations
 
