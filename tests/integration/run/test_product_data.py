@@ -28,6 +28,11 @@ except FileNotFoundError:
     starts = 1
 open(path, "w").write(str(starts))
 open(os.path.join(data, "marker"), "w").write("DATA-MARKER-7f3a")
+open(os.path.join(data, "suid"), "w").write("#!/bin/sh")
+try:
+    os.chmod(os.path.join(data, "suid"), 0o6755)
+except OSError as exc:
+    open(os.path.join(data, "suid-refused"), "w").write(str(exc))
 class H(BaseHTTPRequestHandler):
     def do_GET(self):
         body = f"starts={starts} start={os.environ['CORRAL_PRODUCT_START']} "
@@ -158,6 +163,9 @@ def test_data_survives_restarts_and_sessions_on_both_ports(tmp_path: Path, agent
             # first's count from the data directory (and session 2 session 1's).
             assert f"starts={first + 1} start=2 port={port} greeting=hello" in after
     assert (run_dir / "data" / "starts").read_text() == "4"
+    # The product cannot leave a setuid file in its data for the host (M13): the
+    # sandbox refuses the chmod; corral would clear the bits after the stop anyway.
+    assert (run_dir / "data" / "suid").stat().st_mode & 0o6000 == 0
     ready = [r for s, r in journal_events(run_dir / "journal.sqlite", "product_ready")]
     assert sum("restart 2 before check 'after a restart'" in r for r in ready) == 2
     # The data directory is never part of a snapshot.
@@ -171,3 +179,29 @@ def test_data_survives_restarts_and_sessions_on_both_ports(tmp_path: Path, agent
     else:
         assert re.search(r"env=\S+/data\n", seen) and "DATA-MARKER-7f3a" in seen, seen
     assert not run_cgroup(rid).exists()
+
+
+def test_the_notes_example_passes_once_its_notes_survive_a_restart(tmp_path: Path) -> None:
+    from tests.integration.run.helpers import EXAMPLES
+
+    rid = new_id()
+    runs = tmp_path / "runs"
+    proc = corral(
+        "run",
+        str(EXAMPLES / "notes-api" / "MISSION.md"),
+        "--plain",
+        "--id",
+        rid,
+        "--runs-dir",
+        str(runs),
+        cwd=tmp_path,
+        timeout=85,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with Store(runs / rid / "state.sqlite", readonly=True) as store:
+        first, second = store.checks(1), store.checks(2)
+    # Session 1 keeps its notes in memory: lost by the restart before check 3.
+    assert [c.passed for c in first] == [True, True, False]
+    assert all(c.passed for c in second)
+    assert "buy milk" in (runs / rid / "data" / "notes.json").read_text()
+    assert not (runs / rid / "snapshots" / "session-2" / "notes.json").exists()

@@ -126,3 +126,17 @@ def test_init_never_writes_over_a_file_or_through_a_symlink(tmp_path: Path) -> N
     with pytest.raises(FileExistsError):
         write_mission(other / "d", "new")
     assert not (tmp_path / "target").exists()
+
+
+def test_setid_modes_left_in_the_data_are_cleared(tmp_path: Path) -> None:
+    from corral.run.product import ensure_data_dir, strip_data_setid
+
+    layout = RunLayout(tmp_path / "run")
+    assert strip_data_setid(layout) is None
+    layout.root.mkdir()
+    planted = ensure_data_dir(layout) / "sh"
+    planted.write_text("#!/bin/sh")
+    planted.chmod(0o6755)
+    rep = strip_data_setid(layout)
+    assert rep is not None and rep.stripped == 1 and rep.complete
+    assert planted.stat().st_mode & 0o7777 == 0o755
