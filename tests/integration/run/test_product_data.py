@@ -205,3 +205,40 @@ def test_the_notes_example_passes_once_its_notes_survive_a_restart(tmp_path: Pat
     assert all(c.passed for c in second)
     assert "buy milk" in (runs / rid / "data" / "notes.json").read_text()
     assert not (runs / rid / "snapshots" / "session-2" / "notes.json").exists()
+
+
+@pytest.mark.requires_root
+def test_a_data_filling_product_is_bounded_by_run_disk(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    from corral.run.rundisk import sweep_stale
+    from tests.integration.run.helpers import SERVE, write_mission
+
+    mib = 1 << 20
+    # A filesystem of our own stands in for the host's: statvfs sees only this test.
+    fs = tmp_path / "fs"
+    fs.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512m", "tmpfs", str(fs)], check=True)
+    try:
+        fill = f"head -c 300M /dev/zero > $CORRAL_DATA/big; {SERVE}"
+        mission = write_mission(tmp_path / "m", max_sessions=1, product_cmd=fill)
+        text = mission.read_text().replace(
+            'run_memory = "1G"', 'run_memory = "1G"\nrun_disk = "64M"'
+        )
+        mission.write_text(text.replace("port = 8000\n", "port = 8000\ndata = true\n"))
+        runs = fs / "runs"
+        rid = new_id()
+        st = os.statvfs(fs)
+        before = st.f_bavail * st.f_frsize
+        proc = corral(
+            "run", str(mission), "--plain", "--id", rid, "--runs-dir", str(runs), cwd=tmp_path
+        )
+        # The product's data shares the run's image with corral's own state.
+        assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+        st = os.statvfs(fs)
+        assert before - st.f_bavail * st.f_frsize <= 64 * mib + 8 * mib
+        assert (runs / rid / "data" / "big").stat().st_size < 64 * mib
+        sweep_stale(runs)
+    finally:
+        subprocess.run(["umount", "-l", str(fs)], check=False)
