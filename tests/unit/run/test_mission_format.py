@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.errors import AgentError, ConfigError
+from corral.agents.routes import ProviderChoice, check_compatible
+from corral.errors import AgentError, ConfigError, UsageError
 from corral.run.agent_port import resolve_agent
 from corral.run.environments import RunLayout, agent_spec, check_spec, product_spec
 from corral.run.init import render_mission, write_mission
@@ -95,6 +96,10 @@ def test_gemini_is_a_run_agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert parse_mission(_mission(agent="gemini")).settings.agent == "gemini"
     agent = resolve_agent("gemini")
     assert agent.name == "gemini" and agent.wire == "gemini"
+    # A provider whose API the Gemini CLI does not speak is refused before a run exists.
+    with pytest.raises(UsageError, match="--provider gemini"):
+        check_compatible(ProviderChoice("anthropic"), agent.name, agent.wire)
+    check_compatible(ProviderChoice("gemini"), agent.name, agent.wire)
     monkeypatch.setenv("CORRAL_TOOLS", str(tmp_path))
     with pytest.raises(AgentError, match=r"install-agents\.sh gemini"):
         agent.install(tmp_path / "run-tools")
