@@ -303,7 +303,7 @@ class ProductSettings(BaseModel):
     ready_timeout: float = 20.0
     # Issue 14 (corral.run.product): env, more ports, a persistent data directory.
     env: dict[str, str] = Field(default_factory=dict)
-    ports: tuple[Annotated[int, Field(ge=1024, le=65535)], ...] = ()
+    ports: tuple[Annotated[int, Field(ge=1024, le=65535)], ...] = Field(default=(), max_length=16)
     data: bool = False
     data_for_agent: Literal["none", "ro"] = "none"
 

@@ -83,6 +83,11 @@ def test_the_agent_sees_the_data_only_when_declared(tmp_path: Path) -> None:
         ('[product]\ncommand = "s"\nport = 8000\nenv = { CORRAL_DATA = "/" }\n', "", "corral"),
         ('[product]\ncommand = "s"\nport = 8000\nenv = { "A B" = "1" }\n', "", "variable name"),
         ('[product]\ncommand = "s"\nports = [80]\n', "", "1024"),
+        (
+            '[product]\ncommand = "s"\nports = [' + ", ".join(map(str, range(2000, 2017))) + "]\n",
+            "",
+            "16",
+        ),
         ('[product]\ncommand = "s"\n', "", "port"),
         ("", "restart_product = true", r"needs a \[product\]"),
     ],
