@@ -301,7 +301,6 @@ class ProductSettings(BaseModel):
     port: int = Field(ge=1024, le=65535)
     ready_path: str | None = None
     ready_timeout: float = 20.0
-    # Issue 14 (corral.run.product): env, more ports, a persistent data directory.
     env: dict[str, str] = Field(default_factory=dict)
     ports: tuple[Annotated[int, Field(ge=1024, le=65535)], ...] = Field(default=(), max_length=16)
     data: bool = False
