@@ -11,7 +11,7 @@ configured the same way in both (e.g. Codex asks the synthetic provider for
 
 Agents:
 
-- `claude-code`, `codex`: the real CLIs (`corral.agents`), installed by
+- `claude-code`, `codex`, `gemini`: the real CLIs (`corral.agents`), installed by
   `scripts/install-agents.sh` into `<tools>/npm/<agent>/` (`<tools>` is
   `$CORRAL_TOOLS` or the repository's `tools/`). Not installed ->
   `AgentError` naming the install command.
@@ -195,8 +195,8 @@ def resolve_agent(name: str) -> RunAgent:
     """The agent called `name`; AgentError when corral has no such agent."""
     if name == "script":
         return ScriptAgent()
-    if name in ("claude-code", "codex"):
+    if name in ("claude-code", "codex", "gemini"):
         from corral.agents.registry import ADAPTERS
 
         return _NpmAgent(ADAPTERS[name])
-    raise AgentError(f"unknown agent {name!r} (known: script, claude-code, codex)")
+    raise AgentError(f"unknown agent {name!r} (known: script, claude-code, codex, gemini)")

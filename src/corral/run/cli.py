@@ -80,18 +80,21 @@ def _drive(cmd: str, layout_root: Path, plain: bool) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the corral app."""
+    from corral.run.init import register as register_init
+
+    register_init(app)
 
     @app.command("run")
     def run(  # noqa: PLR0917
         mission: Annotated[Path, typer.Argument(help="the mission file (Markdown + TOML)")],
         agent: Annotated[
-            str | None, typer.Option("--agent", help="script | claude-code | codex")
+            str | None, typer.Option("--agent", help="script | claude-code | codex | gemini")
         ] = None,
         provider: Annotated[
             str | None,
             typer.Option(
                 "--provider",
-                help="synthetic[:FILE] | anthropic | openai | anthropic-compatible:URL"
+                help="synthetic[:FILE] | anthropic | openai | gemini | anthropic-compatible:URL"
                 " | openai-compatible:URL",
             ),
         ] = None,

@@ -59,6 +59,7 @@ from corral.run.environments import (
 from corral.run.forward import PortForwarder, probe_ready
 from corral.run.mission import Mission, ProviderRef, parse_mission, parse_provider
 from corral.run.pause import wait_unpaused
+from corral.run.product_io import ensure_data_dir, probe_all, strip_data_setid
 from corral.run.progress import Progress
 from corral.run.prompt import build_prompt
 from corral.run.report import render_report
@@ -244,6 +245,7 @@ class Coordinator:
         self._watchdog: Watchdog | None = None
         self._paused_s: Callable[[float, float], float] = lambda _since, _now: 0.0
         self._session = 0
+        self._starts = 0
         self._agent: RunAgent | None = None
         self._agent_reported = 0
         self._started = time.monotonic()
@@ -363,6 +365,8 @@ class Coordinator:
         except AgentError as exc:
             return self._finish(store, "failed", str(exc))
         shutil.copyfile(HTTP_CHECKER, self.layout.tools / "http_check.py")
+        if self.mission.settings.product is not None and self.mission.settings.product.data:
+            ensure_data_dir(self.layout)
         if self.provider_ref.kind == "synthetic":
             from corral.provider.server import ProviderThread
 
@@ -719,6 +723,8 @@ class Coordinator:
                 if self._stopping():
                     raise _Stop
                 self.progress.update(activity=f"check {i + 1}/{len(self.mission.settings.checks)}")
+                if check.restart_product and product is not None:
+                    running, ns, not_ready = self._restart_product(store, n, running, check.name)
                 if check.http is not None and not_ready:
                     results.append(
                         CheckResult(check.name, False, f"product not ready: {not_ready}", None, 0.0)
@@ -727,18 +733,51 @@ class Coordinator:
                 results.append(self._run_check(n, i, ns))
             return results
         finally:
-            if running is not None:
-                result = running.interrupt(signal.SIGKILL)
-                running.close()
-                self._journal_outcome("product", result)
+            self._stop_product(running)
 
-    def _start_product(self, n: int) -> tuple[Sandbox | None, SandboxNet | None, bool, str]:
+    def _stop_product(self, running: Sandbox | None) -> None:
+        if running is not None:
+            result = running.interrupt(signal.SIGKILL)
+            running.close()
+            self._journal_outcome("product", result)
+        rep = strip_data_setid(self.layout)
+        if rep is not None and (rep.stripped or not rep.complete):
+            self._journal_event(
+                "setid_stripped",
+                "setuid/setgid modes cleared in the product's data",
+                env="product",
+                decision="deny",
+                detail=rep.to_detail(),
+            )
+
+    def _restart_product(
+        self, store: RunStateStore, n: int, running: Sandbox | None, check: str
+    ) -> tuple[Sandbox | None, SandboxNet | None, str]:
+        """`restart_product` on a check: a fresh product (same snapshot, same data)."""
+        self._stop_product(running)
+        self._starts += 1
+        self.progress.update(activity=f"restarting the product for {check!r}")
+        new, ns, ready, why = self._start_product(n, self._starts)
+        self._journal_event(
+            "product_ready" if ready else "product_not_ready",
+            f"restart {self._starts} before check {check!r}: {why}",
+            env="product",
+            decision="observe" if ready else "deny",
+            detail={"start": self._starts, "check": check},
+        )
+        store.event("product_restart", session=n, start=self._starts, ready=ready)
+        return new, ns, "" if ready else why
+
+    def _start_product(
+        self, n: int, start: int = 1
+    ) -> tuple[Sandbox | None, SandboxNet | None, bool, str]:
         assert self._cg is not None
         product = self.mission.settings.product
         assert product is not None
-        self.layout.product_dir(n).mkdir(parents=True, exist_ok=True)
+        self._starts = start
+        self.layout.product_dir(n, start).mkdir(parents=True, exist_ok=True)
         holder: list[SandboxNet] = []
-        spec = product_spec(self.layout, self.mission, n)
+        spec = product_spec(self.layout, self.mission, n, start)
         try:
             running = self._backends["product"].start(
                 spec,
@@ -749,15 +788,14 @@ class Coordinator:
         except CorralError as exc:
             return None, None, False, f"the product sandbox could not start: {exc}"
         ns = holder[0]
-        ready, why = probe_ready(
+        ready, why = probe_all(
             ns,
-            product.port,
-            product.ready_path,
-            product.ready_timeout,
-            alive=lambda: running.poll() is None and not self._stopping(),
+            product,
+            lambda: running.poll() is None and not self._stopping(),
+            probe_ready,
         )
         if not ready:
-            err = _read_tail(self.layout.product_dir(n) / "stderr.log", 600).strip()
+            err = _read_tail(self.layout.product_dir(n, start) / "stderr.log", 600).strip()
             if err:
                 why += f"; product stderr: {err}"
         return running, ns, ready, why
@@ -781,7 +819,8 @@ class Coordinator:
 
         def hook(net: SandboxNet) -> None:
             assert product is not None and product_ns is not None
-            stops.append(fwd.expose(net.listen(product.port), product_ns, product.port))
+            for port in product.all_ports:
+                stops.append(fwd.expose(net.listen(port), product_ns, port))
 
         started = time.monotonic()
         try:

@@ -2,8 +2,9 @@
 
 - agent: the workspace read-write; egress only through its broker, which
   admits the provider route and the mission's allowlist;
-- product: a read-only snapshot of the session's commit; no egress at all; it
-  listens on its own loopback and corral forwards one port to the verifier;
+- product: a read-only snapshot of the session's commit and, with `data`, its
+  persistent data directory (`corral.run.product`); no egress at all; it
+  listens on its own loopback and corral forwards its ports to the verifier;
 - verifier: one sandbox per check; the snapshot and the checks read-only (the
   checks are a copy in the run directory, which no agent sandbox can see); no
   egress; the product is reached on the verifier's own 127.0.0.1:PORT through
@@ -31,6 +32,7 @@ from corral.agents.routes import ProviderChoice, provider_route
 from corral.broker.config import BrokerConfig, RouteConfig
 from corral.broker.proxy_env import sandbox_proxy_env
 from corral.run.mission import Check, Mission, ProviderRef
+from corral.run.product import DATA_ENV, data_dir, product_env
 from corral.sandbox.spec import DEFAULT_PATH, Bind, Limits, NetworkSpec, SandboxSpec
 
 __all__ = [
@@ -121,8 +123,9 @@ class RunLayout:
         its workspace is ever handed to a sandbox."""
         return self.root.parent / ".mcp" / self.root.name / f"session-{n}"
 
-    def product_dir(self, n: int) -> Path:
-        return self.session_dir(n) / "product"
+    def product_dir(self, n: int, start: int = 1) -> Path:
+        """The product's logs of its `start`-th start in session `n` (restarts: `product-K`)."""
+        return self.session_dir(n) / ("product" if start == 1 else f"product-{start}")
 
     def check_dir(self, n: int, i: int) -> Path:
         return self.session_dir(n) / f"check-{i}"
@@ -231,6 +234,10 @@ def agent_spec(
     """
     env = base_env(sandbox_proxy_env())
     binds = [Bind(p, writable=False) for p in ro_paths]
+    product = mission.settings.product
+    if product is not None and product.data and product.data_for_agent == "ro":
+        env[DATA_ENV] = str(data_dir(layout))
+        binds.append(Bind(env[DATA_ENV], writable=False))
     return SandboxSpec(
         argv=launch.wrapped_argv(),
         workspace=str(layout.workspace),
@@ -248,21 +255,25 @@ def agent_spec(
     )
 
 
-def product_spec(layout: RunLayout, mission: Mission, n: int) -> SandboxSpec:
-    """The product sandbox of session `n`: the snapshot read-only, no egress."""
+def product_spec(layout: RunLayout, mission: Mission, n: int, start: int = 1) -> SandboxSpec:
+    """The product sandbox of session `n` (its `start`-th start): the snapshot
+    read-only, the data directory (if any) writable, no egress."""
     product = mission.settings.product
     assert product is not None
-    scratch = layout.product_dir(n)
+    scratch = layout.product_dir(n, start)
     snap = layout.snapshot(n)
     script = f"cd {_q(str(snap))} && {product.command}"
-    env = base_env({"PORT": str(product.port), "CORRAL_SNAPSHOT": str(snap)})
+    env = base_env(product_env(product, layout, snap, start))
+    binds = [Bind(str(snap), writable=False)]
+    if product.data:
+        binds.append(Bind(str(data_dir(layout)), writable=True))
     return SandboxSpec(
         argv=redirect_argv(
             ("/bin/sh", "-c", script), scratch / "stdout.log", scratch / "stderr.log"
         ),
         workspace=str(scratch),
         env=tuple(sorted(env.items())),
-        binds=(Bind(str(snap), writable=False),),
+        binds=tuple(binds),
         limits=_limits(mission, "product", None),
         network=NetworkSpec(),
         env_kind="product",
@@ -297,10 +308,14 @@ def check_spec(
         "PYTHONPATH": str(layout.checks),
     }
     product = mission.settings.product
+    binds = [Bind(str(snap), writable=False)]
     if product is not None:
         extra["PRODUCT_PORT"] = str(product.port)
         extra["PRODUCT_URL"] = f"http://127.0.0.1:{product.port}"
-    binds = [Bind(str(snap), writable=False)]
+        extra["PRODUCT_PORTS"] = " ".join(str(p) for p in product.all_ports)
+        if product.data:
+            extra[DATA_ENV] = str(data_dir(layout))
+            binds.append(Bind(str(data_dir(layout)), writable=False))
     if layout.checks.is_dir():
         binds.append(Bind(str(layout.checks), writable=False))
     if check.run is not None:

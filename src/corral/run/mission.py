@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 #: Agents a mission may name. `script` is corral's built-in *test* agent.
-AGENTS: tuple[str, ...] = ("script", "claude-code", "codex")
+AGENTS: tuple[str, ...] = ("script", "claude-code", "codex", "gemini")
 _FENCE = "+++"
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,40}$")
@@ -311,6 +311,29 @@ class ProductSettings(BaseModel):
     port: int = Field(ge=1024, le=65535)
     ready_path: str | None = None
     ready_timeout: float = 20.0
+    env: dict[str, str] = Field(default_factory=dict)
+    ports: tuple[Annotated[int, Field(ge=1024, le=65535)], ...] = Field(default=(), max_length=16)
+    data: bool = False
+    data_for_agent: Literal["none", "ro"] = "none"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _first_port(cls, value: object) -> object:
+        from corral.run.product import first_port
+
+        return first_port(value)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        from corral.run.product import check_env
+
+        return check_env(value)
+
+    @property
+    def all_ports(self) -> tuple[int, ...]:
+        """`port` first, then the other `ports` (each forwarded to the verifier)."""
+        return (self.port, *[p for p in dict.fromkeys(self.ports) if p != self.port])
 
     @field_validator("ready_timeout", mode="before")
     @classmethod
@@ -343,6 +366,7 @@ class Check(BaseModel):
     expect_status: int = Field(default=200, ge=100, le=599)
     expect_body: str | None = None
     timeout: float = 60.0
+    restart_product: bool = False
 
     @field_validator("timeout", mode="before")
     @classmethod
@@ -401,7 +425,7 @@ class MissionSettings(BaseModel):
     model_config = _FROZEN
 
     name: str | None = None
-    agent: Literal["script", "claude-code", "codex"] = "script"
+    agent: Literal["script", "claude-code", "codex", "gemini"] = "script"
     provider: str = "synthetic:scenario.yaml"
     provider_key: str | None = Field(
         default=None, description="a compatible provider's key: 'env:NAME' or 'file:/path'"
@@ -452,15 +476,19 @@ class MissionSettings(BaseModel):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"duplicate check names: {dupes}")
+        if self.product is None and any(c.restart_product for c in self.checks):
+            raise ValueError("restart_product needs a [product] section")
         parse_provider(self.provider, self.provider_key)
         return self
 
 
 @dataclass(frozen=True, slots=True)
 class ProviderRef:
-    """`synthetic:FILE`, `anthropic`, `openai` or `{anthropic,openai}-compatible:URL`."""
+    """`synthetic:FILE`, `anthropic`, `openai`, `gemini` or `{anthropic,openai}-compatible:URL`."""
 
-    kind: Literal["synthetic", "anthropic", "openai", "anthropic-compatible", "openai-compatible"]
+    kind: Literal[
+        "synthetic", "anthropic", "openai", "gemini", "anthropic-compatible", "openai-compatible"
+    ]
     scenario: str | None = None
     url: str | None = None
     key: str | None = None
@@ -486,14 +514,14 @@ def parse_provider(text: str, key: str | None = None) -> ProviderRef:
             return ProviderRef(kind, url=url, key=ref)
     if key is not None:
         raise ValueError("provider_key is for anthropic-compatible:URL or openai-compatible:URL")
-    if text in ("anthropic", "openai"):
+    if text in ("anthropic", "openai", "gemini"):
         return ProviderRef(text)  # type: ignore[arg-type]
     if text.startswith("synthetic:") and len(text) > len("synthetic:"):
         return ProviderRef("synthetic", text[len("synthetic:") :])
     if text == "synthetic":
         return ProviderRef("synthetic", "scenario.yaml")
     raise ValueError(
-        "provider is 'synthetic:FILE', 'anthropic', 'openai', 'anthropic-compatible:URL' "
+        "provider is 'synthetic:FILE', 'anthropic', 'openai', 'gemini', 'anthropic-compatible:URL' "
         f"or 'openai-compatible:URL', not {text!r}"
     )
 

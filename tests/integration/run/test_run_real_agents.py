@@ -1,4 +1,4 @@
-"""End to end with the real Claude Code and Codex CLIs (installed by scripts/install-agents.sh).
+"""End to end with the real Claude Code, Codex and Gemini CLIs (scripts/install-agents.sh).
 
 The same examples and scenarios as with the script test agent: the synthetic
 provider plays them to each CLI through the agent's broker route.
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.requires_sandbox, pytest.mark.requires_npm, pytest.mar
 
 
 @pytest.mark.parametrize("example", ["todo-cli", "todo-api"])
-@pytest.mark.parametrize("agent", ["claude-code", "codex"])
+@pytest.mark.parametrize("agent", ["claude-code", "codex", "gemini"])
 def test_real_agent_passes_the_example_in_two_sessions(
     tmp_path: Path, agent: str, example: str
 ) -> None:

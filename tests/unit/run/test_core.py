@@ -151,7 +151,7 @@ def test_agent_request_is_corral_agent_runs_request() -> None:
     # The coordinator must launch each CLI as `corral agent run` does: with the
     # synthetic provider Codex asks for `corral-synthetic` and gets its one-entry
     # catalog (its bundled models offer no function tools the scenario can call).
-    for name in ("claude-code", "codex"):
+    for name in ("claude-code", "codex", "gemini"):
         agent = resolve_agent(name)
         req = agent_request(
             agent,

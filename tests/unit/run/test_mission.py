@@ -199,8 +199,9 @@ def test_every_error_is_reported() -> None:
 def test_parse_provider() -> None:
     assert parse_provider("anthropic").kind == "anthropic"
     assert parse_provider("synthetic:a.yaml").scenario == "a.yaml"
+    assert parse_provider("gemini").kind == "gemini"  # `gemini` runs in `corral run` too
     with pytest.raises(ValueError):
-        parse_provider("gemini")
+        parse_provider("mistral")
 
 
 def test_load_missing_scenario(tmp_path: Path) -> None:
