@@ -29,8 +29,9 @@ from corral.agents.base import DEFAULT_HOME, HasSyntheticModel, Launch, LaunchRe
 from corral.agents.launch import launch_request
 from corral.agents.routes import ProviderChoice, provider_route
 from corral.broker.config import BrokerConfig, RouteConfig
+from corral.broker.tcp import sandbox_env_for
 from corral.run.mission import Check, Mission, ProviderRef
-from corral.sandbox.egress import sandbox_proxy_env
+from corral.sandbox.egress import SANDBOX_PROXY_PORT, sandbox_proxy_env
 from corral.sandbox.spec import DEFAULT_PATH, Bind, Limits, NetworkSpec, SandboxSpec
 
 __all__ = [
@@ -207,7 +208,14 @@ def agent_broker_config(
     doc = provider_route(provider_choice(provider), synthetic_url)
     doc = {**doc, "meter_usage": True, "token_budget": token_budget}
     route = RouteConfig.model_validate(doc)
-    return base.model_copy(update={"routes": {PROVIDER_ROUTE: route}})
+    network = mission.settings.network
+    return base.model_copy(
+        update={
+            "routes": {PROVIDER_ROUTE: route},
+            "host_services": network.host_services,
+            "tcp": network.tcp,
+        }
+    )
 
 
 def _limits(mission: Mission, env: str, timeout_s: float | None) -> Limits:
@@ -229,7 +237,7 @@ def agent_spec(
     Its stdio is the caller's (pipes, see `corral.run.capture`): nothing the
     host reads after the session lies under a mount the agent can write.
     """
-    env = base_env(sandbox_proxy_env())
+    env = base_env({**sandbox_proxy_env(), **sandbox_env_for(broker_config, SANDBOX_PROXY_PORT)})
     binds = [Bind(p, writable=False) for p in ro_paths]
     return SandboxSpec(
         argv=launch.wrapped_argv(),
