@@ -172,6 +172,7 @@ async def serve_socks(conn: _ClientConnection, first: bytes) -> None:
         del buffer[:used]
         if not offered:
             await conn.client.sendall(bytes([VERSION, METHOD_UNACCEPTABLE]))
+            await _journal_malformed(conn, "no acceptable method (corral offers no authentication)")
             return
         await conn.client.sendall(bytes([VERSION, METHOD_NONE]))
         while (parsed := parse_request(bytes(buffer))) is None:

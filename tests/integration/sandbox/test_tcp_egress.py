@@ -195,6 +195,9 @@ def test_allow_of_loopback_is_refused_with_a_pointer(
     cfg.write_text(f'allow = ["127.0.0.1:{echo.port}"]\n')
     out = corral_exec("true", opts=("--config", str(cfg)))
     assert out.code == 2 and "host_services" in out.stderr
+    out = corral_exec("true", opts=("--host-service", f"host={echo.port}"))
+    assert out.code == 2 and "--host-service" in out.stderr
+    assert echo.accepted == []
 
 
 # --- git over ssh -------------------------------------------------------------

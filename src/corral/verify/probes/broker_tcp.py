@@ -65,7 +65,8 @@ PROBES: list[Probe] = [
             )
         ),
         allow=_ALLOW_A,
-        needs=frozenset({"broker", "journal"}),
+        # A peer has no `[[tcp]]` rule nor a corral journal to judge by: not applicable.
+        needs=frozenset({"broker", "journal", "corral-options"}),
         broker_config=(
             '[[tcp]]\nhost = "{http_a_host}"\nport = {http_a_port}\nallow_private = true\n'
         ),
