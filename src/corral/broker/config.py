@@ -106,19 +106,17 @@ def _parse_allow_flag(flag: str) -> tuple[str, tuple[int, ...]]:
 
 
 def _is_loopback(host: str) -> bool:
-    if host == "localhost" or host.endswith(".localhost") or host == "*.localhost":
+    if host == "localhost" or host.endswith(".localhost"):
         return True
     try:
         if "/" in host:
             net = ipaddress.ip_network(host)
-            return (
-                net.overlaps(ipaddress.ip_network("127.0.0.0/8"))
-                if net.version == 4
-                else (ipaddress.ip_address("::1") in net)
-            )
-        return ipaddress.ip_address(host).is_loopback
+            return net.network_address.is_loopback and net.broadcast_address.is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def _is_ip(text: str) -> bool:

@@ -144,11 +144,24 @@ def test_host_services_expand_to_names_on_the_host_loopback() -> None:
 
 
 @pytest.mark.parametrize(
-    "flag", ["127.0.0.1:5432", "localhost", "[::1]:80", "127.1.2.3", "127.0.0.0/8", "db.localhost"]
+    "flag",
+    [
+        "127.0.0.1:5432",
+        "localhost",
+        "[::1]:80",
+        "127.1.2.3",
+        "127.0.0.0/8",
+        "db.localhost",
+        "[::ffff:127.0.0.1]:80",
+    ],
 )
 def test_allowing_loopback_points_at_host_services(flag: str) -> None:
     with pytest.raises(ConfigError, match="host_services"):
         BrokerConfig.from_allow_flags([flag])
+
+
+def test_networks_containing_more_than_loopback_are_not_loopback() -> None:
+    assert len(BrokerConfig.from_allow_flags(["0.0.0.0/0", "10.0.0.0/8"]).rules) == 2
 
 
 @pytest.mark.parametrize("flag", ["db", "db=", "db=x", "Db=1", "host=80", "db=70000", "-x=1"])
