@@ -36,6 +36,7 @@ __all__ = [
     "ObservationDecision",
     "ProcessEvent",
     "ProviderCall",
+    "TcpConnect",
     "UnixConnect",
     "action_target",
 ]
@@ -50,6 +51,7 @@ ActionKind: TypeAlias = Literal[
     "process_event",
     "unix_connect",
     "watch",
+    "tcp_connect",
 ]
 KINDS: tuple[ActionKind, ...] = (
     "net_connect",
@@ -60,6 +62,7 @@ KINDS: tuple[ActionKind, ...] = (
     "process_event",
     "unix_connect",
     "watch",
+    "tcp_connect",
 )
 ObservationDecision: TypeAlias = Literal["allow", "deny", "observe"]
 
@@ -82,6 +85,12 @@ class NetConnect(_HostAction):
     """An opaque TCP tunnel (HTTP CONNECT) to host:port."""
 
     kind: Literal["net_connect"] = "net_connect"
+
+
+class TcpConnect(_HostAction):
+    """A raw TCP stream to host:port through the broker's SOCKS5 server (`[[tcp]]` rules)."""
+
+    kind: Literal["tcp_connect"] = "tcp_connect"
 
 
 class HttpRequest(_HostAction):
@@ -162,7 +171,14 @@ class UnixConnect(BaseModel):
 
 
 Action: TypeAlias = Annotated[
-    NetConnect | HttpRequest | ProviderCall | McpCall | FileOp | ProcessEvent | UnixConnect,
+    NetConnect
+    | HttpRequest
+    | ProviderCall
+    | McpCall
+    | FileOp
+    | ProcessEvent
+    | UnixConnect
+    | TcpConnect,
     Field(discriminator="kind"),
 ]
 
@@ -172,6 +188,8 @@ def action_target(action: Action) -> str:
     match action:
         case NetConnect():
             return format_hostport(action.host, action.port)
+        case TcpConnect():
+            return "tcp://" + format_hostport(action.host, action.port)
         case HttpRequest():
             return (
                 f"{action.method} {action.scheme}://"

@@ -29,11 +29,13 @@ __all__ = [
     "BrokerConfig",
     "CredentialConfig",
     "FileRuleConfig",
+    "HostServiceConfig",
     "LimitsConfig",
     "McpRuleConfig",
     "MitmConfig",
     "RouteConfig",
     "RuleConfig",
+    "TcpRuleConfig",
     "TlsConfig",
     "canonical_rule_host",
     "parse_secret_ref",
@@ -91,7 +93,30 @@ def _parse_allow_flag(flag: str) -> tuple[str, tuple[int, ...]]:
         host, _, port_text = text.partition(":")
     if port_text and not (port_text.isdigit() and 1 <= int(port_text) <= 65535):
         raise ValueError(f"invalid port {port_text!r}")
-    return canonical_rule_host(host), (int(port_text),) if port_text else (80, 443)
+    canonical = canonical_rule_host(host)
+    if _is_loopback(canonical):
+        # Clients skip the proxy for loopback names (NO_PROXY) and reach the
+        # sandbox's own loopback, never the host's: the rule could not work.
+        raise ValueError(
+            f"{host} is the sandbox's own loopback; to reach a service on the host's loopback "
+            "declare it in [[host_services]] (corral exec --host-service NAME=PORT) and "
+            "connect to NAME.corral.internal:PORT"
+        )
+    return canonical, (int(port_text),) if port_text else (80, 443)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        if "/" in host:
+            net = ipaddress.ip_network(host)
+            return net.network_address.is_loopback and net.broadcast_address.is_loopback
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def _is_ip(text: str) -> bool:
@@ -276,6 +301,77 @@ class FileRuleConfig(BaseModel):
         return self
 
 
+_SERVICE_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+class HostServiceConfig(BaseModel):
+    """A service on the host's loopback, reached in the sandbox as `NAME.corral.internal:PORT`.
+
+    `host.corral.internal:PORT` reaches it too. The broker connects to
+    127.0.0.1:`port` on the host; nothing else of the host's loopback is
+    reachable (see `corral.broker.tcp.expand_host_services`).
+    """
+
+    model_config = _FROZEN
+
+    name: str
+    port: int = Field(ge=1, le=65535)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _SERVICE_NAME.match(value) or value == "host":
+            raise ValueError(
+                f"a host service name is one lowercase DNS label (not 'host'): {value!r}"
+            )
+        return value
+
+
+class TcpRuleConfig(BaseModel):
+    """A raw TCP destination reached through the broker's SOCKS5 server.
+
+    `host` is a name, `*.suffix`, an IP literal or a CIDR, as for rules;
+    names are resolved by the broker, and private addresses are refused
+    unless `allow_private` is set. No `[[tcp]]` rule means no TCP.
+    """
+
+    model_config = _FROZEN
+
+    id: str = Field(default="", description="journaled as the deciding rule; derived if empty")
+    effect: Literal["allow", "deny"] = "allow"
+    host: str
+    port: int | None = Field(default=None, ge=1, le=65535)
+    ports: tuple[int, ...] = ()
+    allow_private: bool = False
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        return canonical_rule_host(value)
+
+    @model_validator(mode="after")
+    def _ports_and_id(self) -> Self:
+        ports = tuple(dict.fromkeys(((self.port,) if self.port is not None else ()) + self.ports))
+        if not ports or any(not 1 <= p <= 65535 for p in ports):
+            raise ValueError(f"tcp rule {self.host}: give port = N or ports = [N, ...] (1..65535)")
+        object.__setattr__(self, "ports", ports)
+        object.__setattr__(self, "port", None)
+        if not self.id:
+            text = ",".join(str(p) for p in ports)
+            object.__setattr__(self, "id", f"tcp-{self.effect}:{self.host}:{text}")
+        return self
+
+    def as_rule(self) -> RuleConfig:
+        """The destination rule the TCP policy is compiled from."""
+        return RuleConfig(
+            id=self.id,
+            effect=self.effect,
+            host=self.host,
+            ports=self.ports,
+            allow_private=self.allow_private,
+        )
+
+
 class TlsConfig(BaseModel):
     """How the broker verifies route upstreams it speaks TLS to."""
 
@@ -394,6 +490,8 @@ class BrokerConfig(BaseModel):
     system_dns: bool = True
     upstream_tls: TlsConfig = TlsConfig()
     credentials: tuple[CredentialConfig, ...] = ()
+    host_services: tuple[HostServiceConfig, ...] = ()
+    tcp: tuple[TcpRuleConfig, ...] = ()
     mitm: MitmConfig | None = None
     limits: LimitsConfig = LimitsConfig()
     hooks: tuple[str, ...] = Field(default=(), description="'module:function' policy hooks")
@@ -435,6 +533,12 @@ class BrokerConfig(BaseModel):
         names = [c.name for c in self.credentials]
         if len(set(names)) != len(names):
             raise ValueError("duplicate credential names")
+        tcp_ids = [t.id for t in self.tcp]
+        if len(set(tcp_ids)) != len(tcp_ids):
+            raise ValueError("duplicate tcp rule ids")
+        services = [h.name for h in self.host_services]
+        if len(set(services)) != len(services):
+            raise ValueError("duplicate host service names")
         return self
 
     @classmethod

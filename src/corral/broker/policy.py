@@ -37,6 +37,7 @@ from corral.broker.actions import (
     NetConnect,
     ProcessEvent,
     ProviderCall,
+    TcpConnect,
 )
 from corral.broker.config import BrokerConfig, RuleConfig
 from corral.broker.hosts import (
@@ -364,7 +365,8 @@ def _decide_file(action: FileOp, policy: Policy) -> Decision:
 
 def _decide(action: Action, ctx: DecisionContext, policy: Policy) -> Decision:
     match action:
-        case NetConnect():
+        case NetConnect() | TcpConnect():
+            # A TcpConnect is decided on the `[[tcp]]` policy (broker/tcp.py).
             return _decide_destination(
                 action.host, action.port, method=None, path=None, ctx=ctx, policy=policy
             )

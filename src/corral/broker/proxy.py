@@ -125,6 +125,7 @@ class BrokerState:
     budgets: Mapping[str, SessionBudget] = field(default_factory=dict)
     credentials: Credentials = field(default_factory=lambda: Credentials(()))
     ca: CertAuthority | None = None
+    tcp_policy: Policy | None = None
 
     @property
     def context(self) -> DecisionContext:
@@ -315,6 +316,15 @@ class _ClientConnection:
 
     async def run(self) -> None:
         try:
+            async with asyncio.timeout(self.limits.idle_timeout_s):
+                first = await self.client.recv()
+            if first[:1] == b"\x05":
+                # SOCKS5 (an HTTP request line never starts with 0x05).
+                from corral.broker.socks import serve_socks
+
+                await serve_socks(self, first)
+                return
+            self.h11.receive_data(first)
             while True:
                 try:
                     request = await self._read_request_head()

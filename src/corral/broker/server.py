@@ -283,6 +283,8 @@ async def _main(options: ServeOptions, state: BrokerState, socks: list[socket.so
                 "listen": listen,
                 "rules": [r.id for r in options.config.rules],
                 "routes": sorted(options.config.routes),
+                "tcp": [t.id for t in options.config.tcp],
+                "host_services": {h.name: h.port for h in options.config.host_services},
             },
         )
     )
@@ -316,11 +318,14 @@ def serve(options: ServeOptions) -> int:
     try:
         if options.parent_pid is not None:
             _die_with_parent(options.parent_pid)
-        config = options.config
+        from corral.broker.tcp import expand_host_services, tcp_policy
+
+        config = expand_host_services(options.config)
         secrets = load_route_secrets(config, options.environ)
         credentials = load_credentials(config, options.environ)
         ca = _load_ca(config)
-        policy = Policy.from_config(config, _load_hooks(config.hooks))
+        hooks = _load_hooks(config.hooks)
+        policy = Policy.from_config(config, hooks)
         tls = _tls_context(config)
         socks = _listeners(options)
         journal = Journal(options.journal, config.journal_synchronous)
@@ -342,6 +347,7 @@ def serve(options: ServeOptions) -> int:
             },
             credentials=credentials,
             ca=ca,
+            tcp_policy=tcp_policy(config, hooks) if config.tcp else None,
         )
         return asyncio.run(_main(options, state, socks))
     except (ConfigError, UsageError) as exc:

@@ -83,6 +83,13 @@ def _parser() -> _Parser:
     p.add_argument(
         "--allow", action="append", default=[], metavar="HOST[:PORT]", help="egress destination"
     )
+    p.add_argument(
+        "--host-service",
+        action="append",
+        default=[],
+        metavar="NAME=PORT",
+        help="host loopback port reachable in the sandbox as NAME.corral.internal:PORT",
+    )
     p.add_argument("--ro", action="append", default=[], metavar="PATH", help="extra read-only path")
     p.add_argument("--rw", action="append", default=[], metavar="PATH", help="extra writable path")
     p.add_argument(
@@ -286,11 +293,15 @@ def build_spec(ns: argparse.Namespace, cmd: list[str], caller_env: dict[str, str
     )
     spec_home = "/home/corral"
     extra = _setenv(ns.setenv)
-    config_json = broker_config_json(ns.allow, ns.config, writable)
+    config_json = broker_config_json(ns.allow, ns.config, writable, ns.host_service)
     if config_json is not None:
+        from corral.broker.config import BrokerConfig
         from corral.broker.proxy_env import sandbox_proxy_env
+        from corral.broker.tcp import sandbox_env_for
+        from corral.sandbox.spec import SANDBOX_PROXY_PORT
 
-        extra = {**sandbox_proxy_env(), **extra}
+        tcp_env = sandbox_env_for(BrokerConfig.from_json(config_json), SANDBOX_PROXY_PORT)
+        extra = {**sandbox_proxy_env(), **tcp_env, **extra}
     else:
         from corral.sandbox.nodns import no_egress_env
 
@@ -395,7 +406,10 @@ def refuse_corral_state(writable: Sequence[str], cache: str | None = None) -> No
 
 
 def broker_config_json(
-    allow: list[str], config_path: str | None, writable: Sequence[str]
+    allow: list[str],
+    config_path: str | None,
+    writable: Sequence[str],
+    host_services: Sequence[str] = (),
 ) -> str | None:
     """The broker configuration from `--allow` flags and a corral.toml, or None for no egress.
 
@@ -416,7 +430,7 @@ def broker_config_json(
                 doc = tomllib.load(fh)
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise UsageError(f"--config {config_path}: {exc}") from exc
-    if not allow and not doc:
+    if not allow and not doc and not host_services:
         return None
     from corral.broker.config import BrokerConfig
     from corral.errors import ConfigError
@@ -430,6 +444,15 @@ def broker_config_json(
         if not isinstance(rules, list):
             raise UsageError(f"--config {config_path}: 'rules' must be an array of tables")
         merged = {**base, **doc, "rules": [*base["rules"], *rules]}
+        if host_services:
+            from corral.broker.tcp import parse_host_service_flag
+
+            flagged = [parse_host_service_flag(f).model_dump() for f in host_services]
+            listed = doc.get("host_services", [])
+            merged["host_services"] = [
+                *(listed if isinstance(listed, list) else [listed]),
+                *flagged,
+            ]
         return BrokerConfig.model_validate(merged).to_json()
     except ConfigError as exc:
         raise UsageError(str(exc)) from exc

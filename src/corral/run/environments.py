@@ -31,9 +31,17 @@ from corral.agents.launch import launch_request
 from corral.agents.routes import ProviderChoice, provider_route
 from corral.broker.config import BrokerConfig, RouteConfig
 from corral.broker.proxy_env import sandbox_proxy_env
+from corral.broker.tcp import sandbox_env_for
 from corral.run.mission import Check, Mission, ProviderRef
 from corral.run.product import DATA_ENV, data_dir, product_env
-from corral.sandbox.spec import DEFAULT_PATH, Bind, Limits, NetworkSpec, SandboxSpec
+from corral.sandbox.spec import (
+    DEFAULT_PATH,
+    SANDBOX_PROXY_PORT,
+    Bind,
+    Limits,
+    NetworkSpec,
+    SandboxSpec,
+)
 
 __all__ = [
     "HOME",
@@ -210,7 +218,14 @@ def agent_broker_config(
     doc = provider_route(provider_choice(provider), synthetic_url)
     doc = {**doc, "meter_usage": True, "token_budget": token_budget}
     route = RouteConfig.model_validate(doc)
-    return base.model_copy(update={"routes": {PROVIDER_ROUTE: route}})
+    network = mission.settings.network
+    return base.model_copy(
+        update={
+            "routes": {PROVIDER_ROUTE: route},
+            "host_services": network.host_services,
+            "tcp": network.tcp,
+        }
+    )
 
 
 def _limits(mission: Mission, env: str, timeout_s: float | None) -> Limits:
@@ -232,7 +247,7 @@ def agent_spec(
     Its stdio is the caller's (pipes, see `corral.run.capture`): nothing the
     host reads after the session lies under a mount the agent can write.
     """
-    env = base_env(sandbox_proxy_env())
+    env = base_env({**sandbox_proxy_env(), **sandbox_env_for(broker_config, SANDBOX_PROXY_PORT)})
     binds = [Bind(p, writable=False) for p in ro_paths]
     product = mission.settings.product
     if product is not None and product.data and product.data_for_agent == "ro":

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from corral.broker.config import HostServiceConfig, TcpRuleConfig
 from corral.errors import ConfigError, UsageError
 from corral.sandbox.units import format_size, parse_cpus, parse_duration, parse_size
 
@@ -212,11 +213,17 @@ class WatchSettings(BaseModel):
 
 
 class NetworkSettings(BaseModel):
-    """`[network]`: destinations the agent may reach besides the provider."""
+    """`[network]`: destinations the agent may reach besides the provider.
+
+    `[[network.host_services]]` and `[[network.tcp]]` are the broker's
+    (docs/broker.md, "Host services" and "Raw TCP").
+    """
 
     model_config = _FROZEN
 
     allow: tuple[str, ...] = ()
+    host_services: tuple[HostServiceConfig, ...] = ()
+    tcp: tuple[TcpRuleConfig, ...] = ()
 
     @field_validator("allow")
     @classmethod

@@ -15,7 +15,7 @@ from corral.agents.routes import (
     route_secret_env,
 )
 from corral.broker.actions import HttpRequest, ProviderCall
-from corral.broker.config import BrokerConfig, RouteConfig
+from corral.broker.config import BrokerConfig, RouteConfig, RuleConfig
 from corral.broker.policy import DecisionContext, Policy, decide
 from corral.errors import UsageError
 
@@ -85,7 +85,8 @@ def _policy(config: BrokerConfig) -> Policy:
 def test_loopback_is_admitted_for_the_compatible_route_only() -> None:
     choice = parse_provider("openai-compatible:http://127.0.0.1:8000")
     route = RouteConfig.model_validate(provider_route(choice, None))
-    config = BrokerConfig.from_allow_flags(["localhost:8000"]).model_copy(
+    # `--allow localhost:8000` is refused (sandbox loopback); the same rule written out:
+    config = BrokerConfig(rules=(RuleConfig(host="localhost", ports=(8000,)),)).model_copy(
         update={"routes": {"provider": route}}
     )
     pol = _policy(config)

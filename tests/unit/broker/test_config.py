@@ -16,7 +16,7 @@ def test_from_allow_flags() -> None:
             "api.github.com:443",
             "*.npmjs.org",
             "10.0.0.5:8080",
-            "[::1]:9000",
+            "[fd00::1]:9000",
             "2001:db8::1",
         ]
     )
@@ -26,7 +26,7 @@ def test_from_allow_flags() -> None:
         ("allow:api.github.com:443", "api.github.com", (443,), False),
         ("allow:*.npmjs.org", "*.npmjs.org", (80, 443), False),
         ("allow:10.0.0.5:8080", "10.0.0.5", (8080,), True),
-        ("allow:[::1]:9000", "::1", (9000,), True),
+        ("allow:[fd00::1]:9000", "fd00::1", (9000,), True),
         ("allow:2001:db8::1", "2001:db8::1", (80, 443), True),
     ]
 

@@ -24,6 +24,7 @@ from corral.verify.probes import (
     usability,
     viewer,
 )
+from corral.verify.probes import broker_tcp as broker_tcp_mod
 from corral.verify.probes._prelude import PRELUDE
 
 __all__ = ["PRELUDE", "all_probes"]
@@ -51,6 +52,7 @@ def all_probes() -> list[Probe]:
         *footprint.PROBES,
         *broker_tls.PROBES,
         *viewer.PROBES,
+        *broker_tcp_mod.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:
