@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# The pinned agent CLIs (Claude Code, Codex) from npm into tools/, never globally.
+# The pinned agent CLIs (Claude Code, Codex, Gemini CLI) from npm into tools/, never globally.
 agents:
 	bash scripts/install-agents.sh
 

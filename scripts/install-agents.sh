@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the pinned agent CLIs from npm into corral's tools folder (never globally).
 #
-#   scripts/install-agents.sh                 # claude-code and codex (what the tests need)
+#   scripts/install-agents.sh                 # claude-code, codex and gemini (what the tests need)
 #   scripts/install-agents.sh gemini          # only the named ones
 #   CORRAL_TOOLS=/opt/corral/tools scripts/install-agents.sh
 #
@@ -27,7 +27,7 @@ declare -A version=(
 command -v npm >/dev/null || { echo "install-agents: npm is not installed" >&2; exit 1; }
 
 agents=("$@")
-[ ${#agents[@]} -gt 0 ] || agents=(claude-code codex)
+[ ${#agents[@]} -gt 0 ] || agents=(claude-code codex gemini)
 
 for agent in "${agents[@]}"; do
   pkg="${package[$agent]:-}"
