@@ -50,6 +50,7 @@ ActionKind: TypeAlias = Literal[
     "process_event",
     "unix_connect",
     "watch",
+    "policy",
 ]
 KINDS: tuple[ActionKind, ...] = (
     "net_connect",
@@ -60,6 +61,7 @@ KINDS: tuple[ActionKind, ...] = (
     "process_event",
     "unix_connect",
     "watch",
+    "policy",
 )
 ObservationDecision: TypeAlias = Literal["allow", "deny", "observe"]
 
