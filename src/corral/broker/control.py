@@ -11,6 +11,7 @@ One request per connection, one JSON line each way (at most 64 KiB):
 
     {"op": "add_rule", "rule": {RuleConfig}, "proposal": "<id>" | null}
     {"ok": true, "journal_id": N, "rule": "<rule id>"}   /   {"ok": false, "error": "..."}
+    {"op": "info"} -> {"ok": true, "journal": PATH, "run", "session", "env", "rules": [ids]}
 
 A change is journaled (kind `policy`, the peer's uid and user name, the
 rule) and committed *before* the broker's policy is swapped, so no request
@@ -193,6 +194,7 @@ class ControlServer:
         apply: Callable[[BrokerConfig], None],
         journal: GroupCommitJournal,
         identity: Identity,
+        journal_path: Path,
     ) -> None:
         self._sock = sock
         self._path = path
@@ -201,6 +203,7 @@ class ControlServer:
         self._apply = apply
         self._journal = journal
         self._identity = identity
+        self._journal_path = journal_path
         self._server: asyncio.Server | None = None
         self._lock = asyncio.Lock()
 
@@ -260,6 +263,15 @@ class ControlServer:
     async def _handle(self, uid: int, line: bytes) -> dict[str, Any]:
         try:
             msg = json.loads(line)
+            if isinstance(msg, dict) and msg.get("op") == "info":
+                return {
+                    "ok": True,
+                    "journal": str(self._journal_path),
+                    "run": self._identity.run,
+                    "session": self._identity.session,
+                    "env": self._identity.env,
+                    "rules": [r.id for r in self.config.rules],
+                }
             if not isinstance(msg, dict) or msg.get("op") != "add_rule":
                 return {"ok": False, "error": "unknown request"}
             rule = RuleConfig.model_validate(msg.get("rule"))

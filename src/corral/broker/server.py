@@ -275,6 +275,7 @@ async def _start_control(
         apply=apply,
         journal=state.journal,
         identity=state.identity,
+        journal_path=options.journal,
     )
     await control.start()
     return control
