@@ -149,12 +149,15 @@ def render_proposals(items: list[Proposal]) -> Any:
     return table
 
 
+# Module level: typer evaluates the (string) annotations in this module's globals.
+_RUNS_OPT = typer.Option("--runs-dir", help="where runs live (as corral status)")
+_PRIVATE_OPT = typer.Option(
+    "--allow-private", help="permit loopback, private and link-local destinations"
+)
+
+
 def register(app: typer.Typer) -> None:
     """Add `allow`, `proposals` and `approve` to the corral app."""
-    runs_opt = typer.Option("--runs-dir", help="where runs live (as corral status)")
-    private_opt = typer.Option(
-        "--allow-private", help="permit loopback, private and link-local destinations"
-    )
 
     def _fail(cmd: str, exc: Exception, code: int) -> typer.Exit:
         from corral.display import show
@@ -168,8 +171,8 @@ def register(app: typer.Typer) -> None:
         rule: Annotated[
             str, typer.Argument(metavar="RULE", help="HOST, HOST:PORT, *.suffix or a JSON rule")
         ],
-        allow_private: Annotated[bool, private_opt] = False,
-        runs_dir: Annotated[Path | None, runs_opt] = None,
+        allow_private: Annotated[bool, _PRIVATE_OPT] = False,
+        runs_dir: Annotated[Path | None, _RUNS_OPT] = None,
     ) -> None:
         """Add an allow rule to a running run; journaled, effective for the next request."""
         from corral.broker.livepolicy import parse_rule
@@ -191,7 +194,7 @@ def register(app: typer.Typer) -> None:
     def proposals_cmd(
         run: Annotated[str, typer.Argument(metavar="RUN", help="run id (or exec --run id)")],
         as_json: Annotated[bool, typer.Option("--json", help="one JSON object per line")] = False,
-        runs_dir: Annotated[Path | None, runs_opt] = None,
+        runs_dir: Annotated[Path | None, _RUNS_OPT] = None,
     ) -> None:
         """Denials of a run grouped into proposed rules (count, first and last seen)."""
         from corral.errors import JournalError, UsageError
@@ -218,8 +221,8 @@ def register(app: typer.Typer) -> None:
     def approve(
         run: Annotated[str, typer.Argument(metavar="RUN", help="run id (or exec --run id)")],
         proposal_id: Annotated[str, typer.Argument(metavar="PROPOSAL_ID")],
-        allow_private: Annotated[bool, private_opt] = False,
-        runs_dir: Annotated[Path | None, runs_opt] = None,
+        allow_private: Annotated[bool, _PRIVATE_OPT] = False,
+        runs_dir: Annotated[Path | None, _RUNS_OPT] = None,
     ) -> None:
         """Turn one proposal into a rule of the running run."""
         from corral.errors import BrokerError, JournalError, UsageError
