@@ -318,7 +318,9 @@ def request(path: Path, body: dict[str, Any], timeout_s: float = _TIMEOUT_S) -> 
     try:
         with _short_path(path) as where:
             sock.connect(where)
-        sock.sendall(json.dumps(body).encode() + b"\n")
+        with contextlib.suppress(BrokenPipeError):
+            # A refusing broker answers and closes before reading; its answer is queued.
+            sock.sendall(json.dumps(body).encode() + b"\n")
         buf = b""
         while not buf.endswith(b"\n") and len(buf) <= MAX_MESSAGE:
             chunk = sock.recv(4096)
