@@ -5,6 +5,7 @@ from __future__ import annotations
 from corral.verify.model import Probe
 from corral.verify.probes import (
     audit,
+    broker_control,
     broker_tls,
     files,
     footprint,
@@ -49,6 +50,7 @@ def all_probes() -> list[Probe]:
         *unix_sockets.PROBES,
         *footprint.PROBES,
         *broker_tls.PROBES,
+        *broker_control.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:
