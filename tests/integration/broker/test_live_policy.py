@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -325,3 +326,47 @@ def test_a_foreign_file_at_the_path_refuses_the_start(tmp_path: Path) -> None:
     with pytest.raises(BrokerError, match="not a socket"):
         b.wait_ready(15)
     assert control.read_text() == "not a socket"
+
+
+def test_allow_and_proposals_for_a_run_directory(tmp_path: Path) -> None:
+    """`corral allow RUN_DIR` reaches the session broker in the run's control/ directory."""
+    runs = tmp_path / "runs"
+    root = runs / "r-1"
+    root.mkdir(parents=True, mode=0o700)
+    (root / "state.sqlite").write_bytes(b"")
+    control = root / "control" / socket_name("session-1", "agent")
+    upstream = RecordingServer()
+    b = start_broker(
+        BrokerConfig(), root / "journal.sqlite", listen=["127.0.0.1:0"], control=control
+    )
+    try:
+        port = b.wait_ready(15).tcp_ports[0]
+        # A hostile name the sandbox asked for: denied, then shown as data.
+        for target in ("evil\x1b[2J.test:443", f"127.0.0.1:{upstream.port}", "pypi.org:443"):
+            with contextlib.closing(socket.create_connection(("127.0.0.1", port))) as s:
+                s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                assert s.recv(4096).startswith(b"HTTP/1.1 4")
+        shown = _corral("proposals", "r-1", "--runs-dir", str(runs))
+        assert shown.returncode == 0, shown.stderr
+        assert "\x1b" not in shown.stdout and "pypi.org" in shown.stdout
+        listed = _corral("proposals", str(root), "--json")
+        items = [json.loads(line) for line in listed.stdout.splitlines()]
+        assert {(p["rule"]["host"], p["private"]) for p in items} == {
+            ("127.0.0.1", True),
+            ("pypi.org", False),
+        }
+        refused = _corral("allow", str(root), f"127.0.0.1:{upstream.port}")
+        assert refused.returncode == 2 and "--allow-private" in refused.stderr
+        added = _corral("allow", str(root), "pypi.org:443")
+        assert added.returncode == 0, added.stderr
+        assert "session-1-agent: rule live:" in added.stdout
+        again = _corral("proposals", str(root), "--json")
+        assert [json.loads(x)["rule"]["host"] for x in again.stdout.splitlines()] == ["127.0.0.1"]
+    finally:
+        b.stop()
+        upstream.close()
+    # Nothing live any more: a clear failure, not a silent success.
+    late = _corral("allow", str(root), "example.org")
+    assert late.returncode == 1 and "no live broker" in late.stderr
+    [row] = read_rows(root / "journal.sqlite", kind="policy")
+    assert row.detail["user"] and row.detail["rule"]["host"] == "pypi.org"
