@@ -149,6 +149,11 @@ def _exec_control(run_id: str | None, session: str | None, env: str) -> Path | N
         return None
 
 
+def _rmdir_quietly(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
+
+
 def _terminal_relay(stack: contextlib.ExitStack) -> PtyRelay | None:
     """A pty for the sandbox when corral's stdio has a terminal (closed by `stack`)."""
     ttys = tuple(os.isatty(fd) for fd in range(3))
@@ -257,6 +262,9 @@ def execute(
                 env=spec.env_kind,
                 control=_exec_control(spec.run_id, spec.session_id, spec.env_kind),
             )
+            if egress.control is not None:
+                # Runs after egress.stop (LIFO): the broker has removed its socket by then.
+                stack.callback(_rmdir_quietly, egress.control.parent)
             stack.callback(egress.stop)
         # The microVM's output comes over QEMU's serial channel, which has no
         # terminal to hand out; the guest's stdin is /dev/null.

@@ -370,3 +370,14 @@ def test_allow_and_proposals_for_a_run_directory(tmp_path: Path) -> None:
     assert late.returncode == 1 and "no live broker" in late.stderr
     [row] = read_rows(root / "journal.sqlite", kind="policy")
     assert row.detail["user"] and row.detail["rule"]["host"] == "pypi.org"
+
+
+@pytest.mark.requires_sandbox
+def test_an_exec_leaves_no_control_socket_or_directory(tmp_path: Path) -> None:
+    run_id = f"live-{os.urandom(4).hex()}"
+    with _long_exec(tmp_path, run_id, "true") as (proc, _, _):
+        proc.wait(60)
+    assert proc.returncode == 0
+    assert not exec_control_dir(run_id).exists()
+    assert exec_control_dir(run_id).parent.is_dir()  # the per-user base stays, 0700
+    assert exec_control_dir(run_id).parent.parent.stat().st_mode & 0o077 == 0
