@@ -1,4 +1,4 @@
-"""The control server's ordering: journaled first, then effective; a failed journal changes nothing."""
+"""The control server: journaled first, then effective; a failed journal changes nothing."""
 
 from __future__ import annotations
 
