@@ -25,6 +25,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--listen-fd", type=int, action="append", default=[], metavar="N")
     serve.add_argument("--listen", action="append", default=[], metavar="HOST:PORT")
     serve.add_argument("--listen-unix", action="append", default=[], metavar="PATH")
+    serve.add_argument(
+        "--control", type=Path, default=None, metavar="PATH", help="live-policy control socket"
+    )
     serve.add_argument("--ready-fd", type=int, default=None, metavar="M")
     serve.add_argument(
         "--parent-pid",
@@ -63,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         listen_unix=tuple(args.listen_unix),
         ready_fd=args.ready_fd,
         parent_pid=args.parent_pid,
+        control=args.control,
     )
     return serve(options)
 

@@ -52,6 +52,7 @@ ActionKind: TypeAlias = Literal[
     "unix_connect",
     "watch",
     "tcp_connect",
+    "policy",
 ]
 KINDS: tuple[ActionKind, ...] = (
     "net_connect",
@@ -63,6 +64,7 @@ KINDS: tuple[ActionKind, ...] = (
     "unix_connect",
     "watch",
     "tcp_connect",
+    "policy",
 )
 ObservationDecision: TypeAlias = Literal["allow", "deny", "observe"]
 

@@ -52,6 +52,7 @@ class EgressBroker:
         session: str | None,
         env: str,
         ready_timeout_s: float = 15.0,
+        control: Path | None = None,
     ) -> None:
         self.config_json = config_json
         self.journal = journal
@@ -59,6 +60,7 @@ class EgressBroker:
         self.session = session
         self.env = env
         self.ready_timeout_s = ready_timeout_s
+        self.control = control
         self.process: BrokerProcess | None = None
 
     def attach(self, net: Listener) -> None:
@@ -74,6 +76,7 @@ class EgressBroker:
                 session=self.session,
                 env=self.env,
                 listen_fds=[sock.fileno()],
+                control=self.control,
             )
         finally:
             # The broker must hold the only copy (see module docstring).

@@ -1,4 +1,4 @@
-"""`corral` commands of the broker area: `corral log`."""
+"""`corral` commands of the broker area: `corral log`; live policy (run/live_cli.py)."""
 
 from __future__ import annotations
 
@@ -45,6 +45,9 @@ def _journal_of(ref: str, runs_dir: Path | None) -> Path:
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the corral app."""
+    from corral.run import live_cli
+
+    live_cli.register(app)
 
     @app.command("log")
     def log(  # noqa: PLR0917

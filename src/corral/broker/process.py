@@ -72,6 +72,7 @@ def broker_argv(
     parent_pid: int | None = None,
     python: str = sys.executable,
     source: str | None = None,
+    control: str | Path | None = None,
 ) -> list[str]:
     """The command line of a broker that reads its config from stdin (pure).
 
@@ -97,6 +98,8 @@ def broker_argv(
         argv += ["--ready-fd", str(ready_fd)]
     if parent_pid is not None:
         argv += ["--parent-pid", str(parent_pid)]
+    if control is not None:
+        argv += ["--control", str(control)]
     return argv
 
 
@@ -222,6 +225,7 @@ def start_broker(
     environ: Mapping[str, str] | None = None,
     die_with_parent: bool = True,
     python: str = sys.executable,
+    control: str | Path | None = None,
 ) -> BrokerProcess:
     """Start `python -m corral.broker serve` and return at once.
 
@@ -246,6 +250,7 @@ def start_broker(
         ready_fd=ready_w,
         parent_pid=os.getpid() if die_with_parent else None,
         python=python,
+        control=control,
     )
     try:
         popen = subprocess.Popen(

@@ -110,9 +110,13 @@ class RouteSecrets:
     strip: frozenset[bytes]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BrokerState:
-    """Everything a connection handler needs; built once by the server."""
+    """Everything a connection handler needs; built once by the server.
+
+    `policy` alone is replaced while serving (by the control channel,
+    `broker/control.py`); each decision reads it once.
+    """
 
     policy: Policy
     journal: GroupCommitJournal

@@ -26,6 +26,7 @@ import os
 import signal
 import socket
 import ssl
+import stat
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from corral.broker.actions import Identity, Observation, ProcessEvent
 from corral.broker.config import BrokerConfig, parse_secret_ref
+from corral.broker.control import ControlServer, bind_control_socket
 from corral.broker.credentials import Credential, Credentials
 from corral.broker.journal import GroupCommitJournal, Journal
 from corral.broker.metering import SessionBudget
@@ -62,6 +64,7 @@ class ServeOptions:
     listen_unix: tuple[str, ...] = ()
     ready_fd: int | None = None
     parent_pid: int | None = None
+    control: Path | None = None
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
 
@@ -255,7 +258,35 @@ def _write_ready(fd: int | None, payload: dict[str, Any]) -> None:
     os.close(fd)
 
 
-async def _main(options: ServeOptions, state: BrokerState, socks: list[socket.socket]) -> int:
+async def _start_control(
+    options: ServeOptions, state: BrokerState, sock: socket.socket | None
+) -> ControlServer | None:
+    if sock is None or options.control is None:
+        return None
+    hooks = state.policy.hooks
+
+    def apply(config: BrokerConfig) -> None:
+        state.policy = Policy.from_config(config, hooks)
+
+    control = ControlServer(
+        sock,
+        options.control,
+        config=options.config,
+        apply=apply,
+        journal=state.journal,
+        identity=state.identity,
+        journal_path=options.journal,
+    )
+    await control.start()
+    return control
+
+
+async def _main(
+    options: ServeOptions,
+    state: BrokerState,
+    socks: list[socket.socket],
+    control_sock: socket.socket | None = None,
+) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     failures: list[BaseException] = []
@@ -288,11 +319,14 @@ async def _main(options: ServeOptions, state: BrokerState, socks: list[socket.so
             },
         )
     )
+    control = await _start_control(options, state, control_sock)
     server.start(socks)
     _write_ready(
         options.ready_fd, {"pid": os.getpid(), "listen": listen, "journal": str(options.journal)}
     )
     await stop.wait()
+    if control is not None:
+        await control.aclose()
     await server.stop_accepting()
     for s in socks:
         # Refuse new connections at once, before in-flight ones are cut.
@@ -315,6 +349,7 @@ def serve(options: ServeOptions) -> int:
     """Run the broker until SIGTERM; the exit status (see the module docstring)."""
     socks: list[socket.socket] = []
     journal: Journal | None = None
+    control_sock: socket.socket | None = None
     try:
         if options.parent_pid is not None:
             _die_with_parent(options.parent_pid)
@@ -349,7 +384,9 @@ def serve(options: ServeOptions) -> int:
             ca=ca,
             tcp_policy=tcp_policy(config, hooks) if config.tcp else None,
         )
-        return asyncio.run(_main(options, state, socks))
+        if options.control is not None:
+            control_sock = bind_control_socket(options.control)
+        return asyncio.run(_main(options, state, socks, control_sock))
     except (ConfigError, UsageError) as exc:
         print(f"corral broker: {exc}", file=sys.stderr)
         return 2
@@ -359,5 +396,11 @@ def serve(options: ServeOptions) -> int:
     finally:
         for s in socks:
             s.close()
+        if control_sock is not None and options.control is not None:
+            control_sock.close()
+            # An exit before or after serving: no socket file outlives the broker.
+            with contextlib.suppress(OSError):
+                if stat.S_ISSOCK(os.lstat(options.control).st_mode):
+                    os.unlink(options.control)
         if journal is not None:
             journal.close()

@@ -135,6 +135,25 @@ def _journal_outcome(
         journal.append(obs)
 
 
+def _exec_control(run_id: str | None, session: str | None, env: str) -> Path | None:
+    """`corral exec --run ID`'s live-policy socket; an exec without --run has none."""
+    if run_id is None:
+        return None
+    from corral.broker.control import exec_control_dir, socket_name
+    from corral.errors import BrokerError
+
+    try:
+        return exec_control_dir(run_id) / socket_name(session, env)
+    except BrokerError:
+        # An id that cannot name a directory: the exec runs, without live policy.
+        return None
+
+
+def _rmdir_quietly(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
+
+
 def _terminal_relay(stack: contextlib.ExitStack) -> PtyRelay | None:
     """A pty for the sandbox when corral's stdio has a terminal (closed by `stack`)."""
     ttys = tuple(os.isatty(fd) for fd in range(3))
@@ -241,7 +260,11 @@ def execute(
                 run=run,
                 session=spec.session_id,
                 env=spec.env_kind,
+                control=_exec_control(spec.run_id, spec.session_id, spec.env_kind),
             )
+            if egress.control is not None:
+                # Runs after egress.stop (LIFO): the broker has removed its socket by then.
+                stack.callback(_rmdir_quietly, egress.control.parent)
             stack.callback(egress.stop)
         # The microVM's output comes over QEMU's serial channel, which has no
         # terminal to hand out; the guest's stdin is /dev/null.

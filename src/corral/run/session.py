@@ -252,6 +252,14 @@ def _start_sandbox(
     )
 
 
+def _control_socket(plan: SessionPlan) -> Path:
+    # The run directory is host-private; no sandbox binds it (docs/broker.md "Live policy").
+    from corral.broker.control import run_control_dir, socket_name
+
+    ident = plan.identity
+    return run_control_dir(plan.journal_path.parent) / socket_name(ident.session, ident.env)
+
+
 def _agent(
     plan: SessionPlan,
     journal: Journal,
@@ -270,6 +278,7 @@ def _agent(
         run=ident.run,
         session=ident.session,
         env=ident.env,
+        control=_control_socket(plan),
     )
     out = Capture(plan.stdout, head=_OUT_HEAD, tail=_OUT_TAIL)
     stack.callback(out.finish)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from corral.verify.model import Probe
 from corral.verify.probes import (
     audit,
+    broker_control,
     broker_tls,
     files,
     footprint,
@@ -53,6 +54,7 @@ def all_probes() -> list[Probe]:
         *broker_tls.PROBES,
         *viewer.PROBES,
         *broker_tcp_mod.PROBES,
+        *broker_control.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:
