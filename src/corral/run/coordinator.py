@@ -24,7 +24,6 @@ run; a SIGTERM (`corral stop`) ends it as `stopped` after killing everything.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import secrets
@@ -48,11 +47,13 @@ from corral.errors import AgentError, ConfigError, CorralError, UsageError
 from corral.hostgit import TrustedRepo
 from corral.run.agent_port import RunAgent, resolve_agent
 from corral.run.environments import (
+    CHECK_REASON,
     RunLayout,
     agent_broker_config,
     agent_request,
     agent_spec,
     check_spec,
+    check_wall_s,
     product_spec,
     provider_choice,
 )
@@ -61,12 +62,14 @@ from corral.run.mission import Mission, ProviderRef, parse_mission, parse_provid
 from corral.run.pause import wait_unpaused
 from corral.run.progress import Progress
 from corral.run.prompt import build_prompt
-from corral.run.report import render_report
+from corral.run.report import render_detail, render_report
 from corral.run.runcg import RunCgroup
+from corral.run.rundetail import run_detail
 from corral.run.rundisk import create_run_disk
 from corral.run.session import SessionHooks, SessionPlan, run_session
 from corral.run.session import read_tail as _read_tail
 from corral.run.store import CheckResult, RunLock, SessionRecord, Store
+from corral.run.verdict import check_outcome, read_reason
 from corral.sandbox.backend import Backend, Sandbox, SandboxNet, backend_config, load_backend
 from corral.sandbox.reaper import become_subreaper
 from corral.sandbox.setid import strip_setid
@@ -90,6 +93,7 @@ __all__ = [
 ]
 
 HTTP_CHECKER = Path(payload_path("http_check.py"))
+CHECK_RUNNER = Path(payload_path("check_run.py"))
 
 
 def session_budget(session: int | None, run: int | None, run_spent: int) -> int | None:
@@ -349,6 +353,7 @@ class Coordinator:
         except AgentError as exc:
             return self._finish(store, "failed", str(exc))
         shutil.copyfile(HTTP_CHECKER, self.layout.tools / "http_check.py")
+        shutil.copyfile(CHECK_RUNNER, self.layout.tools / "check_run.py")
         if self.provider_ref.kind == "synthetic":
             from corral.provider.server import ProviderThread
 
@@ -438,15 +443,18 @@ class Coordinator:
     def _write_report(self, store: Store) -> None:
         sessions = store.sessions()
         allowed, denied = journal_counts(self.layout.journal, self.run_id)
+        checks = {s.n: store.checks(s.n) for s in sessions}
+        last = next((checks[s.n] for s in reversed(sessions) if checks[s.n]), [])
         text = render_report(
             self.mission,
             store.run(),
             sessions,
-            {s.n: store.checks(s.n) for s in sessions},
+            checks,
             allowed=allowed,
             denied=denied,
             run_dir=str(self.layout.root),
         )
+        text += render_detail(run_detail(self.layout.journal, self.run_id, last))
         text += self._footprint_section()
         tmp = self.layout.report.with_suffix(".tmp")
         tmp.write_text(text, encoding="utf-8")
@@ -779,25 +787,19 @@ class Coordinator:
             )
         except CorralError as exc:
             return CheckResult(check.name, False, f"verifier refused: {exc}", None, 0.0)
+        wall = check_wall_s(check)
         try:
-            result = wait_unpaused(running, check.timeout, self._paused_s)
+            result = wait_unpaused(running, wall, self._paused_s)
         finally:
             running.close()
             for stop in stops:
                 stop()
         took = time.monotonic() - started
-        self._journal_outcome(
-            "verifier", result, dataclasses.replace(spec.limits, timeout_s=check.timeout)
-        )
+        self._journal_outcome("verifier", result, spec.limits)
         output = (
             _read_tail(cdir / "stdout.log", 3000) + _read_tail(cdir / "stderr.log", 1000)
         ).strip()
-        if result.reason == "timeout":
-            return CheckResult(
-                check.name, False, f"timed out after {check.timeout:g}s", 124, took, output
-            )
-        passed = result.reason == "exited" and result.exit == 0
-        reason = "passed" if passed else f"exit {result.exit} ({result.reason})"
+        passed, reason = check_outcome(result, wall, read_reason(cdir / CHECK_REASON))
         return CheckResult(check.name, passed, reason, result.exit, took, output)
 
 

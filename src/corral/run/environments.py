@@ -21,6 +21,7 @@ agent could rewrite.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,10 +31,12 @@ from corral.agents.launch import launch_request
 from corral.agents.routes import ProviderChoice, provider_route
 from corral.broker.config import BrokerConfig, RouteConfig
 from corral.broker.proxy_env import sandbox_proxy_env
+from corral.run.checkspec import http_payload
 from corral.run.mission import Check, Mission, ProviderRef
 from corral.sandbox.spec import DEFAULT_PATH, Bind, Limits, NetworkSpec, SandboxSpec
 
 __all__ = [
+    "CHECK_REASON",
     "HOME",
     "PROVIDER_ROUTE",
     "RunLayout",
@@ -42,6 +45,7 @@ __all__ = [
     "agent_spec",
     "base_env",
     "check_spec",
+    "check_wall_s",
     "product_spec",
     "provider_base_url",
     "provider_choice",
@@ -49,6 +53,8 @@ __all__ = [
 ]
 
 HOME = DEFAULT_HOME
+#: A check's reason line, written by `_payload/check_run.py` in its own scratch directory.
+CHECK_REASON = "reason.txt"
 PROVIDER_ROUTE = "provider"
 
 
@@ -303,29 +309,37 @@ def check_spec(
     binds = [Bind(str(snap), writable=False)]
     if layout.checks.is_dir():
         binds.append(Bind(str(layout.checks), writable=False))
+    runner = http_checker.parent / "check_run.py"
+    binds.append(Bind(str(http_checker.parent), writable=False))
     if check.run is not None:
-        argv: tuple[str, ...] = ("/bin/sh", "-c", f"cd {_q(str(snap))} && {check.run}")
+        main: tuple[str, ...] = ("/bin/sh", "-c", f"cd {_q(str(snap))} && {check.run}")
     else:
-        assert check.http is not None and product is not None
-        method, path = check.http.split(" ", 1)
-        spec = {
-            "method": method,
-            "url": f"http://127.0.0.1:{product.port}{path}",
-            "body": check.body,
-            "headers": check.headers,
-            "expect_status": check.expect_status,
-            "expect_body": check.expect_body,
-            "timeout": check.timeout,
-        }
-        binds.append(Bind(str(http_checker.parent), writable=False))
-        argv = ("/usr/bin/python3", "-I", str(http_checker), json.dumps(spec))
-    env = base_env(extra)
+        assert product is not None
+        doc = http_payload(check.http_steps(), product.port, check.timeout)
+        main = ("/usr/bin/python3", "-I", str(http_checker), json.dumps(doc))
+    run_doc = {
+        "setup": check.setup and f"cd {_q(str(snap))} && {check.setup}",
+        "teardown": check.teardown and f"cd {_q(str(snap))} && {check.teardown}",
+        "main": list(main),
+        "http": check.run is None,
+        "timeout": check.timeout,
+        "reason": str(scratch / CHECK_REASON),
+    }
+    argv = ("/usr/bin/python3", "-I", str(runner), json.dumps(run_doc))
+    env = base_env({**check.env, **extra})
+    limits = _limits(mission, "verifier", check_wall_s(check))
+    if check.memory is not None or check.pids is not None:
+        limits = dataclasses.replace(
+            limits,
+            memory_bytes=check.memory or limits.memory_bytes,
+            pids=check.pids or limits.pids,
+        )
     return SandboxSpec(
         argv=redirect_argv(argv, scratch / "stdout.log", scratch / "stderr.log"),
         workspace=str(scratch),
         env=tuple(sorted(env.items())),
         binds=tuple(binds),
-        limits=_limits(mission, "verifier", check.timeout),
+        limits=limits,
         network=NetworkSpec(),
         env_kind="verifier",
         home=HOME,
@@ -333,6 +347,12 @@ def check_spec(
         run_id=layout.run_id,
         session_id=str(n),
     )
+
+
+def check_wall_s(check: Check) -> float:
+    """The verifier sandbox's wall-clock limit: each of setup, check, teardown gets `timeout`."""
+    parts = 1 + (check.setup is not None) + (check.teardown is not None)
+    return check.timeout * parts + 5.0
 
 
 def _q(text: str) -> str:
