@@ -20,7 +20,11 @@ from tests.integration.run.helpers import corral, new_id
 pytestmark = [pytest.mark.requires_sandbox, pytest.mark.timeout(120)]
 
 SERVER = r"""
-import json, sys
+import ctypes, json, os, sys, time
+if os.fork() == 0:
+    # A daemon named to forge a row and recolour the terminal (comm: 15 bytes).
+    ctypes.CDLL(None).prctl(15, b"\x1b[2J|x|\xe2\x80\xae", 0, 0, 0)
+    time.sleep(600)
 from http.server import BaseHTTPRequestHandler, HTTPServer
 todos = []
 class H(BaseHTTPRequestHandler):
@@ -170,11 +174,18 @@ def test_checks_steps_assertions_and_reasons(tmp_path: Path) -> None:
     check_rows = [ln for ln in rows if ln.split(" | ")[1] in ("pass", "FAIL")]
     assert len(check_rows) == 4, report
     assert "status 501, expected 201" in report
+    # The daemon the product left is listed by its name, escaped, in one row.
+    kills = report.split("## Processes killed at teardown", 1)[1].split("##", 1)[0]
+    (row,) = [ln for ln in kills.splitlines() if ln.startswith("| product |")]
+    assert r"\\x1b\[2J\|x\|\\u202e" in row and "python3" in row, row
+    assert "\u202e" not in report
 
     status = corral("status", rid, "--runs-dir", str(runs), "--json", cwd=tmp_path)
     doc = json.loads(status.stdout)
     failed = {c["name"]: c["reason"] for c in doc["failed_checks"]}
     assert failed["wrong status"].startswith("POST /elsewhere: status 501, expected 201")
     assert set(failed) == {"wrong status", "liar", "setup and teardown"}
+    (killed,) = [k for k in doc["killed_at_teardown"] if k["env"] == "product"]
+    assert killed["count"] >= 2 and r"\x1b[2J|x|\u202e" in killed["names"], killed
     plain = corral("status", rid, "--runs-dir", str(runs), cwd=tmp_path).stdout
     assert "status 501, expected 201" in plain and "\x1b" not in plain

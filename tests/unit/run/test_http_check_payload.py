@@ -14,12 +14,12 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
-from corral.run.checkspec import HttpStep, http_payload
 from corral._payload import path as payload_path
+from corral.run.checkspec import HttpStep, http_payload
 
 HTTP_CHECK = payload_path("http_check.py")
 CHECK_RUN = payload_path("check_run.py")
@@ -27,8 +27,8 @@ BLOB = bytes(range(256)) * 40
 
 
 class _Handler(BaseHTTPRequestHandler):
-    todos: list[dict[str, Any]] = []
-    seen: list[tuple[str, str, dict[str, str]]] = []
+    todos: ClassVar[list[dict[str, Any]]] = []
+    seen: ClassVar[list[tuple[str, str, dict[str, str]]]] = []
 
     def log_message(self, *args: object) -> None:
         pass
@@ -88,6 +88,7 @@ def _check(port: int, *steps: dict[str, Any]) -> tuple[int, str]:
         capture_output=True,
         text=True,
         timeout=30,
+        check=False,
     )
     return p.returncode, p.stdout.strip()
 
@@ -112,7 +113,7 @@ def test_header_regex_and_json_assertions(port: int) -> None:
 
 def test_each_assertion_fails_with_its_own_reason(port: int) -> None:
     base = {"http": "GET /todos", "expect_status": 200}
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"expect_headers": {"content-type": "^text/html"}}, "header content-type"),
         ({"expect_regex": "^never$"}, "body did not match /^never$/"),
         ({"expect_json": {"$.items[0].title": "x"}}, "$.items[0].title is missing"),
@@ -189,6 +190,7 @@ def _runner(tmp_path: Path, **doc: Any) -> tuple[int, str]:
         capture_output=True,
         text=True,
         timeout=60,
+        check=False,
         cwd=tmp_path,
     )
     return p.returncode, reason.read_text().strip()
