@@ -799,7 +799,7 @@ class Coordinator:
         output = (
             _read_tail(cdir / "stdout.log", 3000) + _read_tail(cdir / "stderr.log", 1000)
         ).strip()
-        passed, reason = check_outcome(result, wall, read_reason(cdir / CHECK_REASON))
+        passed, reason = check_outcome(result, check.timeout, read_reason(cdir / CHECK_REASON))
         return CheckResult(check.name, passed, reason, result.exit, took, output)
 
 

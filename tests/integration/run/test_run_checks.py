@@ -189,3 +189,29 @@ def test_checks_steps_assertions_and_reasons(tmp_path: Path) -> None:
     assert killed["count"] >= 2 and r"\x1b[2J|x|\u202e" in killed["names"], killed
     plain = corral("status", rid, "--runs-dir", str(runs), cwd=tmp_path).stdout
     assert "status 501, expected 201" in plain and "\x1b" not in plain
+
+
+def test_steps_example_fails_with_its_reason_then_passes(tmp_path: Path) -> None:
+    from tests.integration.run.helpers import EXAMPLES
+
+    rid = new_id()
+    runs = tmp_path / "runs"
+    proc = corral(
+        "run",
+        str(EXAMPLES / "todo-steps" / "MISSION.md"),
+        "--plain",
+        "--id",
+        rid,
+        "--runs-dir",
+        str(runs),
+        cwd=tmp_path,
+        timeout=110,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with Store(runs / rid / "state.sqlite", readonly=True) as s:
+        first = {c.name: c for c in s.checks(1)}
+        second = s.checks(2)
+    step = first["create, then read it back"]
+    assert not step.passed
+    assert step.reason.startswith("step 2/3: GET /todos/1: status 404, expected 200"), step
+    assert all(c.passed for c in second), second

@@ -55,7 +55,7 @@ def test_good_mission_parses() -> None:
     assert m.scenario_path == Path("/x/demo/scenario.yaml")
 
 
-@pytest.mark.parametrize("example", ["todo-cli", "todo-api"])
+@pytest.mark.parametrize("example", ["todo-cli", "todo-api", "todo-steps"])
 def test_examples_load(example: str) -> None:
     m = load_mission(EXAMPLES / example / "MISSION.md")
     assert m.name == example
