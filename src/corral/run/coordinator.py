@@ -77,6 +77,7 @@ from corral.sandbox.setid import strip_setid
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from corral.broker.attach import EgressBroker
     from corral.broker.journal import Journal
     from corral.provider.server import ProviderThread
     from corral.run.watchdog import Watchdog
@@ -238,6 +239,7 @@ class Coordinator:
         self._provider: ProviderThread | None = None
         self._provider_url: str | None = None
         self._forwarder: PortForwarder | None = None
+        self._product_egress: EgressBroker | None = None
         self._cg: RunCgroup | None = None
         self._watchdog: Watchdog | None = None
         self._paused_s: Callable[[float, float], float] = lambda _since, _now: 0.0
@@ -725,6 +727,23 @@ class Coordinator:
                 result = running.interrupt(signal.SIGKILL)
                 running.close()
                 self._journal_outcome("product", result)
+            if self._product_egress is not None:
+                self._product_egress.stop()
+                self._product_egress = None
+
+    def _egress(self, spec: SandboxSpec, env: str) -> EgressBroker | None:
+        """The broker of a product/verifier sandbox with egress (`corral.run.envnet`)."""
+        if spec.network.broker_config is None:
+            return None
+        from corral.broker.attach import EgressBroker
+
+        return EgressBroker(
+            spec.network.broker_config,
+            self.layout.journal,
+            run=self.run_id,
+            session=spec.session_id,
+            env=env,
+        )
 
     def _start_product(self, n: int) -> tuple[Sandbox | None, SandboxNet | None, bool, str]:
         assert self._cg is not None
@@ -733,11 +752,18 @@ class Coordinator:
         self.layout.product_dir(n).mkdir(parents=True, exist_ok=True)
         holder: list[SandboxNet] = []
         spec = product_spec(self.layout, self.mission, n)
+        egress = self._product_egress = self._egress(spec, "product")
+
+        def on_net(net: SandboxNet) -> None:
+            if egress is not None:
+                egress.attach(net)
+            holder.append(net)
+
         try:
             running = self._backends["product"].start(
                 spec,
                 parent_cgroup=self._cg.relpath,
-                network=holder.append,
+                network=on_net,
                 unix_observer=self._unix_observer(spec),
             )
         except CorralError as exc:
@@ -773,19 +799,27 @@ class Coordinator:
         product = self.mission.settings.product
         fwd = self._forwarder
 
+        egress = self._egress(spec, "verifier")
+        if egress is not None:
+            stops.append(egress.stop)
+
         def hook(net: SandboxNet) -> None:
-            assert product is not None and product_ns is not None
-            stops.append(fwd.expose(net.listen(product.port), product_ns, product.port))
+            if egress is not None:
+                egress.attach(net)
+            if product is not None and product_ns is not None:
+                stops.append(fwd.expose(net.listen(product.port), product_ns, product.port))
 
         started = time.monotonic()
         try:
             running = self._backends["verifier"].start(
                 spec,
                 parent_cgroup=self._cg.relpath,
-                network=hook if product_ns is not None else None,
+                network=hook if product_ns is not None or egress is not None else None,
                 unix_observer=self._unix_observer(spec),
             )
         except CorralError as exc:
+            for stop in stops:
+                stop()
             return CheckResult(check.name, False, f"verifier refused: {exc}", None, 0.0)
         wall = check_wall_s(check)
         try:

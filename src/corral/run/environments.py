@@ -2,12 +2,13 @@
 
 - agent: the workspace read-write; egress only through its broker, which
   admits the provider route and the mission's allowlist;
-- product: a read-only snapshot of the session's commit; no egress at all; it
+- product: a read-only snapshot of the session's commit; no egress but its
+  `[network.product]` allowlist and secret routes (`corral.run.envnet`); it
   listens on its own loopback and corral forwards one port to the verifier;
 - verifier: one sandbox per check; the snapshot and the checks read-only (the
   checks are a copy in the run directory, which no agent sandbox can see); no
-  egress; the product is reached on the verifier's own 127.0.0.1:PORT through
-  corral's forwarder.
+  egress but `[network.verifier]` and its secret routes; the product is
+  reached on the verifier's own 127.0.0.1:PORT through corral's forwarder.
 
 The product's and the checks' stdout and stderr go to files in a directory
 that sandbox alone may write (`sh -c 'exec >OUT 2>ERR'`): the namespace
@@ -25,6 +26,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from corral.agents.base import DEFAULT_HOME, HasSyntheticModel, Launch, LaunchRequest
 from corral.agents.launch import launch_request
@@ -32,6 +34,7 @@ from corral.agents.routes import ProviderChoice, provider_route
 from corral.broker.config import BrokerConfig, RouteConfig
 from corral.broker.proxy_env import sandbox_proxy_env
 from corral.run.checkspec import http_payload
+from corral.run.envnet import env_network
 from corral.run.mission import Check, Mission, ProviderRef
 from corral.sandbox.spec import DEFAULT_PATH, Bind, Limits, NetworkSpec, SandboxSpec
 
@@ -261,7 +264,8 @@ def product_spec(layout: RunLayout, mission: Mission, n: int) -> SandboxSpec:
     scratch = layout.product_dir(n)
     snap = layout.snapshot(n)
     script = f"cd {_q(str(snap))} && {product.command}"
-    env = base_env({"PORT": str(product.port), "CORRAL_SNAPSHOT": str(snap)})
+    network, net_env = _env_network(mission, "product")
+    env = base_env({**net_env, "PORT": str(product.port), "CORRAL_SNAPSHOT": str(snap)})
     return SandboxSpec(
         argv=redirect_argv(
             ("/bin/sh", "-c", script), scratch / "stdout.log", scratch / "stderr.log"
@@ -270,7 +274,7 @@ def product_spec(layout: RunLayout, mission: Mission, n: int) -> SandboxSpec:
         env=tuple(sorted(env.items())),
         binds=(Bind(str(snap), writable=False),),
         limits=_limits(mission, "product", None),
-        network=NetworkSpec(),
+        network=network,
         env_kind="product",
         home=HOME,
         hostname="product",
@@ -326,7 +330,8 @@ def check_spec(
         "reason": str(scratch / CHECK_REASON),
     }
     argv = ("/usr/bin/python3", "-I", str(runner), json.dumps(run_doc))
-    env = base_env({**check.env, **extra})
+    network, net_env = _env_network(mission, "verifier")
+    env = base_env({**check.env, **net_env, **extra})
     limits = _limits(mission, "verifier", check_wall_s(check))
     if check.memory is not None or check.pids is not None:
         limits = dataclasses.replace(
@@ -340,13 +345,20 @@ def check_spec(
         env=tuple(sorted(env.items())),
         binds=tuple(binds),
         limits=limits,
-        network=NetworkSpec(),
+        network=network,
         env_kind="verifier",
         home=HOME,
         hostname="verifier",
         run_id=layout.run_id,
         session_id=str(n),
     )
+
+
+def _env_network(
+    mission: Mission, env: Literal["product", "verifier"]
+) -> tuple[NetworkSpec, dict[str, str]]:
+    allow = getattr(mission.settings.network, env).allow
+    return env_network(allow, mission.settings.secrets, env)
 
 
 def check_wall_s(check: Check) -> float:

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from corral.errors import ConfigError, UsageError
 from corral.run.checkspec import HttpStep, check_env, check_steps
+from corral.run.envnet import EnvNetwork, SecretSettings, check_secret_names
 from corral.sandbox.units import format_size, parse_cpus, parse_duration, parse_size
 
 if TYPE_CHECKING:
@@ -218,6 +219,9 @@ class NetworkSettings(BaseModel):
     model_config = _FROZEN
 
     allow: tuple[str, ...] = ()
+    # issue 14: the product's and the verifier's own allowlists (corral.run.envnet).
+    product: EnvNetwork = EnvNetwork()
+    verifier: EnvNetwork = EnvNetwork()
 
     @field_validator("allow")
     @classmethod
@@ -457,6 +461,12 @@ class MissionSettings(BaseModel):
     product: ProductSettings | None = None
     checks_dir: str | None = None
     checks: Annotated[tuple[Check, ...], Field(min_length=1)]
+    secrets: dict[str, SecretSettings] = Field(default_factory=dict)
+
+    @field_validator("secrets")
+    @classmethod
+    def _secrets(cls, value: dict[str, SecretSettings]) -> dict[str, SecretSettings]:
+        return check_secret_names(value)
 
     @field_validator("name")
     @classmethod
