@@ -57,6 +57,7 @@ from corral.run.environments import (
     product_spec,
     provider_choice,
 )
+from corral.run.envnet import missing_secrets
 from corral.run.forward import PortForwarder, probe_ready
 from corral.run.mission import Mission, ProviderRef, parse_mission, parse_provider
 from corral.run.pause import wait_unpaused
@@ -157,6 +158,9 @@ def create_run(
     check_compatible(provider_choice(ref), run_agent.name, run_agent.wire)
     # A missing key refuses the run before it exists (not a `failed` run later).
     route_secret_env(provider_choice(ref), os.environ)
+    missing = missing_secrets(mission.settings.secrets, os.environ)
+    if missing:
+        raise UsageError(f"{mission.path}: {missing[0]}")
     rid = run_id or new_run_id(mission.name)
     layout = RunLayout(runs_dir.absolute() / rid)
     # 0700: a run's workspace, journal and reports are its user's alone.

@@ -15,7 +15,9 @@ environments is journaled as the agent's are, under env `product` or
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -26,7 +28,7 @@ from corral.broker.proxy_env import sandbox_proxy_env
 from corral.errors import ConfigError
 from corral.sandbox.spec import NetworkSpec
 
-__all__ = ["EnvNetwork", "SecretSettings", "env_network", "secret_variable"]
+__all__ = ["EnvNetwork", "SecretSettings", "env_network", "missing_secrets", "secret_variable"]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 _SECRET_NAME = re.compile(r"^[a-z][a-z0-9_]{0,30}$")
@@ -123,3 +125,15 @@ def env_network(
     for name in mine:
         variables[secret_variable(name)] = f"{broker_url}/routes/{name}"
     return NetworkSpec(allow=allow, broker_config=config.to_json()), variables
+
+
+def missing_secrets(secrets: dict[str, SecretSettings], environ: Mapping[str, str]) -> list[str]:
+    """One line per secret whose source is not there (checked before a run exists)."""
+    out: list[str] = []
+    for name, secret in secrets.items():
+        source, where = parse_secret_ref(secret.value)
+        if source == "env" and not environ.get(where):
+            out.append(f"secret {name}: ${where} is not set in corral's environment")
+        elif source == "file" and not os.access(where, os.R_OK):
+            out.append(f"secret {name}: {where} cannot be read")
+    return out

@@ -59,7 +59,8 @@ import os, sys, urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
 for name in ("ALLOWED", "DENIED"):
     try:
-        urllib.request.urlopen("http://127.0.0.2:%s/from-product" % os.environ["T_" + name], timeout=5)
+        port = os.environ["T_" + name]
+        urllib.request.urlopen("http://127.0.0.2:%s/from-product" % port, timeout=5)
         print(name, "reached", flush=True)
     except Exception as exc:
         print(name, "failed", exc, flush=True)
@@ -182,7 +183,7 @@ def test_secret_route_and_product_verifier_egress(
     assert {(e, d) for e, d, _ in rows} >= {("product", "deny"), ("verifier", "deny")}, rows
     assert {("product", "allow"), ("verifier", "allow")} <= set(allow_rows), allow_rows
     # The secret is nowhere the run keeps: workspace, snapshots, logs, journal, git history.
-    needle = secret.split()[-1].encode()
+    needle = secret.rsplit(maxsplit=1)[-1].encode()
     hits = [p for p in run_dir.rglob("*") if p.is_file() and needle in p.read_bytes()]
     assert hits == [], hits
     history = subprocess.run(

@@ -169,3 +169,70 @@ def test_hostile_reason_is_one_bounded_escaped_line(tmp_path: Path) -> None:
     assert why.startswith("\\x1b]0;pwned\\x07bad \\xff\\u202e")
     assert "other" not in why
     assert len(why) <= REASON_LIMIT + 20
+
+
+SECRETS = """[network.product]
+allow = ["127.0.0.2:9000"]
+
+[secrets.api]
+value = "env:API_TOKEN"
+upstream = "http://127.0.0.2:9001"
+for = ["verifier"]
+
+[[checks]]
+name = "c"
+run = "true"
+"""
+
+
+def test_secrets_become_routes_for_their_environments_only() -> None:
+    from corral.run.environments import product_spec
+    from corral.run.envnet import missing_secrets
+
+    m = parse_mission(_mission(SECRETS), "/x/demo/MISSION.md")
+    layout = RunLayout(Path("/r/demo-1"))
+    check = check_spec(
+        layout, m, n=1, i=0, check=m.settings.checks[0], http_checker=Path("/r/t/http_check.py")
+    )
+    env = dict(check.env)
+    assert env["CORRAL_SECRET_API_URL"] == "http://127.0.0.1:3128/routes/api"
+    assert "API_TOKEN" not in json.dumps(env) and check.network.broker_config is not None
+    doc = json.loads(check.network.broker_config)
+    assert doc["routes"]["api"]["inject_header"] == {"authorization": "env:API_TOKEN"}
+    assert doc["routes"]["api"]["allow_private"] is True
+    assert doc["rules"] == []
+    product = product_spec(layout, m, 1)
+    pdoc = json.loads(product.network.broker_config or "{}")
+    assert pdoc["routes"] == {} and [r["host"] for r in pdoc["rules"]] == ["127.0.0.2"]
+    assert "CORRAL_SECRET_API_URL" not in dict(product.env)
+    assert missing_secrets(m.settings.secrets, {}) == [
+        "secret api: $API_TOKEN is not set in corral's environment"
+    ]
+    assert missing_secrets(m.settings.secrets, {"API_TOKEN": "x"}) == []
+
+
+def test_no_allowlist_no_secret_means_no_broker() -> None:
+    m = parse_mission(_mission('[[checks]]\nname = "c"\nrun = "true"\n'), "/x/d/MISSION.md")
+    spec = check_spec(
+        RunLayout(Path("/r/d-1")),
+        m,
+        n=1,
+        i=0,
+        check=m.settings.checks[0],
+        http_checker=Path("/r/t/http_check.py"),
+    )
+    assert not spec.network.needs_broker and "HTTP_PROXY" not in dict(spec.env)
+
+
+@pytest.mark.parametrize(
+    ("bad", "want"),
+    [
+        ('value = "API"', "a secret is 'env:NAME' or 'file:/absolute/path'"),
+        ('value = "env:A"\nupstream = "ftp://x"', "upstream must be http(s)"),
+        ('value = "env:A"\nupstream = "http://x"\nfor = ["agent"]', "'product' or 'verifier'"),
+    ],
+)
+def test_bad_secret(bad: str, want: str) -> None:
+    text = f'[secrets.api]\n{bad}\n[[checks]]\nname = "c"\nrun = "true"\n'
+    msg = _error(text)
+    assert want in msg, msg
