@@ -23,6 +23,7 @@ from corral.verify.probes import (
     unix_sockets,
     usability,
 )
+from corral.verify.probes import check_reasons as check_reasons_mod
 from corral.verify.probes._prelude import PRELUDE
 
 __all__ = ["PRELUDE", "all_probes"]
@@ -49,6 +50,7 @@ def all_probes() -> list[Probe]:
         *unix_sockets.PROBES,
         *footprint.PROBES,
         *broker_tls.PROBES,
+        *check_reasons_mod.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:
