@@ -173,7 +173,7 @@ def outcome_observations(
                 "killed_at_teardown",
                 False,
                 f"{n} process(es) killed when the task ended",
-                {"count": n},
+                {"count": n, "names": [name[:64] for name in result.killed_names[:16]]},
             )
         )
     exit_detail: dict[str, Any] = {

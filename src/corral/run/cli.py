@@ -232,9 +232,10 @@ def register(app: typer.Typer) -> None:
         runs_dir = _runs("status", runs_dir)
         from rich.console import Console
 
+        from corral.display import text
         from corral.errors import UsageError
         from corral.run.control import find_run, list_runs, run_status
-        from corral.run.statusview import plain_line, render_statuses
+        from corral.run.statusview import detail_lines, plain_line, render_statuses
 
         try:
             layouts = [find_run(run_ref, runs_dir)] if run_ref else list_runs(runs_dir)
@@ -249,12 +250,17 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"no runs in {runs_dir}")
             return
         console = Console()
+        # One run asked for by name: what went wrong in it, line by line.
+        detail = detail_lines(statuses[0]) if run_ref else []
         if not console.is_terminal:
             # Piped: one line a run, no table whose width would be guessed.
             for st in statuses:
                 sys.stdout.write(plain_line(st) + "\n")
+            sys.stdout.writelines(line + "\n" for line in detail)
             return
         console.print(render_statuses(statuses, console.width))
+        for line in detail:
+            console.print(text(line), soft_wrap=False, overflow="fold")
 
     @app.command("top")
     def top(

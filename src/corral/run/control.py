@@ -20,6 +20,7 @@ from typing import Any
 from corral.errors import UsageError
 from corral.run.environments import RunLayout
 from corral.run.runcg import RunCgroup
+from corral.run.rundetail import RunDetail, run_detail
 from corral.run.rundisk import ensure_mounted
 from corral.run.store import TERMINAL_RUN_STATES, RunLock, RunRecord, SessionRecord, Store
 
@@ -71,6 +72,7 @@ class RunStatus:
     allowed: int
     denied: int
     footprint: dict[str, Any] | None = None
+    detail: RunDetail | None = None
 
     @property
     def display_state(self) -> str:
@@ -95,6 +97,7 @@ class RunStatus:
             "memory_cap_bytes": self.run.memory_cap,
             "end_reason": self.run.end_reason,
             "footprint": self.footprint,
+            **(self.detail.to_json_dict() if self.detail is not None else {}),
         }
 
 
@@ -104,11 +107,13 @@ def run_status(layout: RunLayout) -> RunStatus:
     with Store(layout.state, readonly=True) as store:
         run = store.run()
         sessions = tuple(store.sessions())
+        last = next((store.checks(s.n) for s in reversed(sessions) if s.checks_total), [])
     from corral.run.footprint import footprint
 
     allowed, denied = journal_counts(layout.journal, run.id)
     active = RunLock.is_held(layout.root)
-    return RunStatus(run, sessions, active, allowed, denied, footprint(layout, run))
+    detail = run_detail(layout.journal, run.id, last)
+    return RunStatus(run, sessions, active, allowed, denied, footprint(layout, run), detail)
 
 
 def _wait_unlocked(layout: RunLayout, timeout_s: float) -> bool:

@@ -24,7 +24,6 @@ run; a SIGTERM (`corral stop`) ends it as `stopped` after killing everything.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import secrets
@@ -48,26 +47,31 @@ from corral.errors import AgentError, ConfigError, CorralError, LeaseLostError, 
 from corral.hostgit import TrustedRepo
 from corral.run.agent_port import RunAgent, resolve_agent
 from corral.run.environments import (
+    CHECK_REASON,
     RunLayout,
     agent_broker_config,
     agent_request,
     agent_spec,
     check_spec,
+    check_wall_s,
     product_spec,
     provider_choice,
 )
+from corral.run.envnet import missing_secrets
 from corral.run.forward import PortForwarder, probe_ready
 from corral.run.mission import Mission, ProviderRef, parse_mission, parse_provider
 from corral.run.pause import wait_unpaused
 from corral.run.product_io import ensure_data_dir, probe_all, strip_data_setid
 from corral.run.progress import Progress
 from corral.run.prompt import build_prompt
-from corral.run.report import render_report
+from corral.run.report import render_detail, render_report
 from corral.run.runcg import RunCgroup
+from corral.run.rundetail import run_detail
 from corral.run.rundisk import create_run_disk
 from corral.run.session import SessionHooks, SessionPlan, run_session
 from corral.run.session import read_tail as _read_tail
 from corral.run.store import CheckResult, RunLock, SessionRecord, Store
+from corral.run.verdict import check_outcome, read_reason
 from corral.sandbox.backend import Backend, Sandbox, SandboxNet, backend_config, load_backend
 from corral.sandbox.reaper import become_subreaper
 from corral.sandbox.setid import strip_setid
@@ -75,6 +79,7 @@ from corral.sandbox.setid import strip_setid
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from corral.broker.attach import EgressBroker
     from corral.broker.journal import Journal
     from corral.provider.server import ProviderThread
     from corral.run.store_api import RunStateStore
@@ -92,6 +97,7 @@ __all__ = [
 ]
 
 HTTP_CHECKER = Path(payload_path("http_check.py"))
+CHECK_RUNNER = Path(payload_path("check_run.py"))
 
 
 def session_budget(session: int | None, run: int | None, run_spent: int) -> int | None:
@@ -154,6 +160,9 @@ def create_run(
     check_compatible(provider_choice(ref), run_agent.name, run_agent.wire)
     # A missing key refuses the run before it exists (not a `failed` run later).
     route_secret_env(provider_choice(ref), os.environ)
+    missing = missing_secrets(mission.settings.secrets, os.environ)
+    if missing:
+        raise UsageError(f"{mission.path}: {missing[0]}")
     rid = run_id or new_run_id(mission.name)
     layout = RunLayout(runs_dir.absolute() / rid)
     # 0700: a run's workspace, journal and reports are its user's alone.
@@ -241,6 +250,7 @@ class Coordinator:
         self._provider: ProviderThread | None = None
         self._provider_url: str | None = None
         self._forwarder: PortForwarder | None = None
+        self._product_egress: EgressBroker | None = None
         self._cg: RunCgroup | None = None
         self._watchdog: Watchdog | None = None
         self._paused_s: Callable[[float, float], float] = lambda _since, _now: 0.0
@@ -367,6 +377,7 @@ class Coordinator:
         shutil.copyfile(HTTP_CHECKER, self.layout.tools / "http_check.py")
         if self.mission.settings.product is not None and self.mission.settings.product.data:
             ensure_data_dir(self.layout)
+        shutil.copyfile(CHECK_RUNNER, self.layout.tools / "check_run.py")
         if self.provider_ref.kind == "synthetic":
             from corral.provider.server import ProviderThread
 
@@ -456,15 +467,18 @@ class Coordinator:
     def _write_report(self, store: RunStateStore) -> None:
         sessions = store.sessions()
         allowed, denied = journal_counts(self.layout.journal, self.run_id)
+        checks = {s.n: store.checks(s.n) for s in sessions}
+        last = next((checks[s.n] for s in reversed(sessions) if checks[s.n]), [])
         text = render_report(
             self.mission,
             store.run(),
             sessions,
-            {s.n: store.checks(s.n) for s in sessions},
+            checks,
             allowed=allowed,
             denied=denied,
             run_dir=str(self.layout.root),
         )
+        text += render_detail(run_detail(self.layout.journal, self.run_id, last))
         text += self._footprint_section()
         tmp = self.layout.report.with_suffix(".tmp")
         tmp.write_text(text, encoding="utf-8")
@@ -735,11 +749,28 @@ class Coordinator:
         finally:
             self._stop_product(running)
 
+    def _egress(self, spec: SandboxSpec, env: str) -> EgressBroker | None:
+        """The broker of a product/verifier sandbox with egress (`corral.run.envnet`)."""
+        if spec.network.broker_config is None:
+            return None
+        from corral.broker.attach import EgressBroker
+
+        return EgressBroker(
+            spec.network.broker_config,
+            self.layout.journal,
+            run=self.run_id,
+            session=spec.session_id,
+            env=env,
+        )
+
     def _stop_product(self, running: Sandbox | None) -> None:
         if running is not None:
             result = running.interrupt(signal.SIGKILL)
             running.close()
             self._journal_outcome("product", result)
+        if self._product_egress is not None:
+            self._product_egress.stop()
+            self._product_egress = None
         rep = strip_data_setid(self.layout)
         if rep is not None and (rep.stripped or not rep.complete):
             self._journal_event(
@@ -778,11 +809,18 @@ class Coordinator:
         self.layout.product_dir(n, start).mkdir(parents=True, exist_ok=True)
         holder: list[SandboxNet] = []
         spec = product_spec(self.layout, self.mission, n, start)
+        egress = self._product_egress = self._egress(spec, "product")
+
+        def on_net(net: SandboxNet) -> None:
+            if egress is not None:
+                egress.attach(net)
+            holder.append(net)
+
         try:
             running = self._backends["product"].start(
                 spec,
                 parent_cgroup=self._cg.relpath,
-                network=holder.append,
+                network=on_net,
                 unix_observer=self._unix_observer(spec),
             )
         except CorralError as exc:
@@ -817,40 +855,42 @@ class Coordinator:
         product = self.mission.settings.product
         fwd = self._forwarder
 
+        egress = self._egress(spec, "verifier")
+        if egress is not None:
+            stops.append(egress.stop)
+
         def hook(net: SandboxNet) -> None:
-            assert product is not None and product_ns is not None
-            for port in product.all_ports:
-                stops.append(fwd.expose(net.listen(port), product_ns, port))
+            if egress is not None:
+                egress.attach(net)
+            if product is not None and product_ns is not None:
+                for port in product.all_ports:
+                    stops.append(fwd.expose(net.listen(port), product_ns, port))
 
         started = time.monotonic()
         try:
             running = self._backends["verifier"].start(
                 spec,
                 parent_cgroup=self._cg.relpath,
-                network=hook if product_ns is not None else None,
+                network=hook if product_ns is not None or egress is not None else None,
                 unix_observer=self._unix_observer(spec),
             )
         except CorralError as exc:
+            for stop in stops:
+                stop()
             return CheckResult(check.name, False, f"verifier refused: {exc}", None, 0.0)
+        wall = check_wall_s(check)
         try:
-            result = wait_unpaused(running, check.timeout, self._paused_s)
+            result = wait_unpaused(running, wall, self._paused_s)
         finally:
             running.close()
             for stop in stops:
                 stop()
         took = time.monotonic() - started
-        self._journal_outcome(
-            "verifier", result, dataclasses.replace(spec.limits, timeout_s=check.timeout)
-        )
+        self._journal_outcome("verifier", result, spec.limits)
         output = (
             _read_tail(cdir / "stdout.log", 3000) + _read_tail(cdir / "stderr.log", 1000)
         ).strip()
-        if result.reason == "timeout":
-            return CheckResult(
-                check.name, False, f"timed out after {check.timeout:g}s", 124, took, output
-            )
-        passed = result.reason == "exited" and result.exit == 0
-        reason = "passed" if passed else f"exit {result.exit} ({result.reason})"
+        passed, reason = check_outcome(result, check.timeout, read_reason(cdir / CHECK_REASON))
         return CheckResult(check.name, passed, reason, result.exit, took, output)
 
 

@@ -3,12 +3,13 @@
 - agent: the workspace read-write; egress only through its broker, which
   admits the provider route and the mission's allowlist;
 - product: a read-only snapshot of the session's commit and, with `data`, its
-  persistent data directory (`corral.run.product`); no egress at all; it
+  persistent data directory (`corral.run.product`); no egress but its
+  `[network.product]` allowlist and secret routes (`corral.run.envnet`); it
   listens on its own loopback and corral forwards its ports to the verifier;
 - verifier: one sandbox per check; the snapshot and the checks read-only (the
   checks are a copy in the run directory, which no agent sandbox can see); no
-  egress; the product is reached on the verifier's own 127.0.0.1:PORT through
-  corral's forwarder.
+  egress but `[network.verifier]` and its secret routes; the product is
+  reached on the verifier's own 127.0.0.1:PORT through corral's forwarder.
 
 The product's and the checks' stdout and stderr go to files in a directory
 that sandbox alone may write (`sh -c 'exec >OUT 2>ERR'`): the namespace
@@ -22,9 +23,11 @@ agent could rewrite.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from corral.agents.base import DEFAULT_HOME, HasSyntheticModel, Launch, LaunchRequest
 from corral.agents.launch import launch_request
@@ -32,6 +35,8 @@ from corral.agents.routes import ProviderChoice, provider_route
 from corral.broker.config import BrokerConfig, RouteConfig
 from corral.broker.proxy_env import sandbox_proxy_env
 from corral.broker.tcp import sandbox_env_for
+from corral.run.checkspec import http_payload
+from corral.run.envnet import env_network
 from corral.run.mission import Check, Mission, ProviderRef
 from corral.run.product import DATA_ENV, data_dir, product_env
 from corral.sandbox.spec import (
@@ -44,6 +49,7 @@ from corral.sandbox.spec import (
 )
 
 __all__ = [
+    "CHECK_REASON",
     "HOME",
     "PROVIDER_ROUTE",
     "RunLayout",
@@ -52,6 +58,7 @@ __all__ = [
     "agent_spec",
     "base_env",
     "check_spec",
+    "check_wall_s",
     "product_spec",
     "provider_base_url",
     "provider_choice",
@@ -59,6 +66,8 @@ __all__ = [
 ]
 
 HOME = DEFAULT_HOME
+#: A check's reason line, written by `_payload/check_run.py` in its own scratch directory.
+CHECK_REASON = "reason.txt"
 PROVIDER_ROUTE = "provider"
 
 
@@ -278,7 +287,8 @@ def product_spec(layout: RunLayout, mission: Mission, n: int, start: int = 1) ->
     scratch = layout.product_dir(n, start)
     snap = layout.snapshot(n)
     script = f"cd {_q(str(snap))} && {product.command}"
-    env = base_env(product_env(product, layout, snap, start))
+    network, net_env = _env_network(mission, "product")
+    env = base_env({**net_env, **product_env(product, layout, snap, start)})
     binds = [Bind(str(snap), writable=False)]
     if product.data:
         binds.append(Bind(str(data_dir(layout)), writable=True))
@@ -290,7 +300,7 @@ def product_spec(layout: RunLayout, mission: Mission, n: int, start: int = 1) ->
         env=tuple(sorted(env.items())),
         binds=tuple(binds),
         limits=_limits(mission, "product", None),
-        network=NetworkSpec(),
+        network=network,
         env_kind="product",
         home=HOME,
         hostname="product",
@@ -333,36 +343,58 @@ def check_spec(
             binds.append(Bind(str(data_dir(layout)), writable=False))
     if layout.checks.is_dir():
         binds.append(Bind(str(layout.checks), writable=False))
+    runner = http_checker.parent / "check_run.py"
+    binds.append(Bind(str(http_checker.parent), writable=False))
     if check.run is not None:
-        argv: tuple[str, ...] = ("/bin/sh", "-c", f"cd {_q(str(snap))} && {check.run}")
+        main: tuple[str, ...] = ("/bin/sh", "-c", f"cd {_q(str(snap))} && {check.run}")
     else:
-        assert check.http is not None and product is not None
-        method, path = check.http.split(" ", 1)
-        spec = {
-            "method": method,
-            "url": f"http://127.0.0.1:{product.port}{path}",
-            "body": check.body,
-            "headers": check.headers,
-            "expect_status": check.expect_status,
-            "expect_body": check.expect_body,
-            "timeout": check.timeout,
-        }
-        binds.append(Bind(str(http_checker.parent), writable=False))
-        argv = ("/usr/bin/python3", "-I", str(http_checker), json.dumps(spec))
-    env = base_env(extra)
+        assert product is not None
+        doc = http_payload(check.http_steps(), product.port, check.timeout)
+        main = ("/usr/bin/python3", "-I", str(http_checker), json.dumps(doc))
+    run_doc = {
+        "setup": check.setup and f"cd {_q(str(snap))} && {check.setup}",
+        "teardown": check.teardown and f"cd {_q(str(snap))} && {check.teardown}",
+        "main": list(main),
+        "http": check.run is None,
+        "timeout": check.timeout,
+        "reason": str(scratch / CHECK_REASON),
+    }
+    argv = ("/usr/bin/python3", "-I", str(runner), json.dumps(run_doc))
+    network, net_env = _env_network(mission, "verifier")
+    env = base_env({**check.env, **net_env, **extra})
+    limits = _limits(mission, "verifier", check_wall_s(check))
+    if check.memory is not None or check.pids is not None:
+        limits = dataclasses.replace(
+            limits,
+            memory_bytes=check.memory or limits.memory_bytes,
+            pids=check.pids or limits.pids,
+        )
     return SandboxSpec(
         argv=redirect_argv(argv, scratch / "stdout.log", scratch / "stderr.log"),
         workspace=str(scratch),
         env=tuple(sorted(env.items())),
         binds=tuple(binds),
-        limits=_limits(mission, "verifier", check.timeout),
-        network=NetworkSpec(),
+        limits=limits,
+        network=network,
         env_kind="verifier",
         home=HOME,
         hostname="verifier",
         run_id=layout.run_id,
         session_id=str(n),
     )
+
+
+def _env_network(
+    mission: Mission, env: Literal["product", "verifier"]
+) -> tuple[NetworkSpec, dict[str, str]]:
+    allow = getattr(mission.settings.network, env).allow
+    return env_network(allow, mission.settings.secrets, env)
+
+
+def check_wall_s(check: Check) -> float:
+    """The verifier sandbox's wall-clock limit: each of setup, check, teardown gets `timeout`."""
+    parts = 1 + (check.setup is not None) + (check.teardown is not None)
+    return check.timeout * parts + 5.0
 
 
 def _q(text: str) -> str:

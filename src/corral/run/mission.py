@@ -35,6 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from corral.broker.config import HostServiceConfig, TcpRuleConfig
 from corral.errors import ConfigError, UsageError
+from corral.run.checkspec import HttpStep, check_env, check_steps
+from corral.run.envnet import EnvNetwork, SecretSettings, check_secret_names
 from corral.sandbox.units import format_size, parse_cpus, parse_duration, parse_size
 
 if TYPE_CHECKING:
@@ -224,6 +226,9 @@ class NetworkSettings(BaseModel):
     allow: tuple[str, ...] = ()
     host_services: tuple[HostServiceConfig, ...] = ()
     tcp: tuple[TcpRuleConfig, ...] = ()
+    # issue 14: the product's and the verifier's own allowlists (corral.run.envnet).
+    product: EnvNetwork = EnvNetwork()
+    verifier: EnvNetwork = EnvNetwork()
 
     @field_validator("allow")
     @classmethod
@@ -356,11 +361,14 @@ class ProductSettings(BaseModel):
 
 
 class Check(BaseModel):
-    """`[[checks]]`: one acceptance check, run in the verifier.
+    """`[[checks]]`: one acceptance check, run in a verifier sandbox of its own.
 
-    Exactly one of `run` (a shell command; passes when it exits 0) and
-    `http` (`"METHOD /path"` against the product; passes when the status is
-    `expect_status` and the body contains `expect_body`).
+    Exactly one of `run` (a shell command; passes when it exits 0), `http`
+    (`"METHOD /path"` against the product with `expect_*` assertions) and
+    `steps` (`[[checks.steps]]`, a sequence of such requests; see
+    `corral.run.checkspec`). `setup` and `teardown` are shell commands run in
+    the same sandbox before and (always) after it; `env`, `memory`, `pids`
+    and `timeout` are this check's own.
     """
 
     model_config = _FROZEN
@@ -374,11 +382,33 @@ class Check(BaseModel):
     expect_body: str | None = None
     timeout: float = 60.0
     restart_product: bool = False
+    # issue 14: assertions, steps, setup/teardown, env and limits (corral.run.checkspec).
+    expect_headers: dict[str, str] = Field(default_factory=dict)
+    expect_regex: str | None = None
+    expect_json: dict[str, Any] = Field(default_factory=dict)
+    expect_sha256: str | None = None
+    expect_size: int | None = Field(default=None, ge=0)
+    steps: tuple[HttpStep, ...] = ()
+    setup: str | None = Field(default=None, min_length=1)
+    teardown: str | None = Field(default=None, min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    memory: int | None = None
+    pids: int | None = Field(default=None, ge=8, le=1_000_000)
 
     @field_validator("timeout", mode="before")
     @classmethod
     def _t(cls, value: object) -> object:
         return _duration(value)
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _m(cls, value: object) -> object:
+        return None if value is None else _size(value)
+
+    @field_validator("env")
+    @classmethod
+    def _e(cls, value: dict[str, str]) -> dict[str, str]:
+        return check_env(value)
 
     @field_validator("http")
     @classmethod
@@ -389,17 +419,30 @@ class Check(BaseModel):
 
     @model_validator(mode="after")
     def _one(self) -> Check:
-        if (self.run is None) == (self.http is None):
-            raise ValueError(f"check {self.name!r}: give exactly one of 'run' and 'http'")
-        if self.run is not None and (
-            self.body is not None or self.headers or self.expect_body is not None
-        ):
-            raise ValueError(f"check {self.name!r}: body/headers/expect_body need 'http'")
+        given = sum(x for x in (self.run is not None, self.http is not None, bool(self.steps)))
+        if given != 1:
+            raise ValueError(f"check {self.name!r}: give exactly one of 'run', 'http' and 'steps'")
+        inline = {k for k in _STEP_KEYS if k in self.model_fields_set}
+        if self.http is None and inline:
+            raise ValueError(f"check {self.name!r}: {', '.join(sorted(inline))} need 'http'")
+        try:
+            check_steps(self.http_steps())
+        except ValueError as exc:
+            raise ValueError(f"check {self.name!r}: {exc}") from None
         return self
 
     @property
     def kind(self) -> Literal["run", "http"]:
         return "run" if self.run is not None else "http"
+
+    def http_steps(self) -> tuple[HttpStep, ...]:
+        """The requests of an http check (one for `http = ...`); () for a `run` check."""
+        if self.http is None:
+            return self.steps
+        return (HttpStep.model_validate(self.model_dump(include={"http", *_STEP_KEYS})),)
+
+
+_STEP_KEYS = frozenset(HttpStep.model_fields) - {"http", "capture"}
 
 
 BackendKind = Literal["namespace", "gvisor", "microvm"]
@@ -449,6 +492,12 @@ class MissionSettings(BaseModel):
     product: ProductSettings | None = None
     checks_dir: str | None = None
     checks: Annotated[tuple[Check, ...], Field(min_length=1)]
+    secrets: dict[str, SecretSettings] = Field(default_factory=dict)
+
+    @field_validator("secrets")
+    @classmethod
+    def _secrets(cls, value: dict[str, SecretSettings]) -> dict[str, SecretSettings]:
+        return check_secret_names(value)
 
     @field_validator("name")
     @classmethod
@@ -477,7 +526,7 @@ class MissionSettings(BaseModel):
 
     @model_validator(mode="after")
     def _http_needs_product(self) -> MissionSettings:
-        if self.product is None and any(c.http for c in self.checks):
+        if self.product is None and any(c.kind == "http" for c in self.checks):
             raise ValueError("http checks need a [product] section")
         names = [c.name for c in self.checks]
         dupes = sorted({n for n in names if names.count(n) > 1})
@@ -486,6 +535,9 @@ class MissionSettings(BaseModel):
         if self.product is None and any(c.restart_product for c in self.checks):
             raise ValueError("restart_product needs a [product] section")
         parse_provider(self.provider, self.provider_key)
+        big = [c.name for c in self.checks if c.memory and c.memory > self.limits.run_memory]
+        if big:
+            raise ValueError(f"check {big[0]!r}: memory is more than limits.run_memory")
         return self
 
 

@@ -12,9 +12,10 @@ from collections.abc import Mapping, Sequence
 
 from corral.display import md, md_code
 from corral.run.mission import Mission
+from corral.run.rundetail import RunDetail
 from corral.run.store import CheckResult, RunRecord, SessionRecord
 
-__all__ = ["render_report"]
+__all__ = ["render_detail", "render_report"]
 
 
 def _mib(n: int) -> str:
@@ -83,4 +84,30 @@ def render_report(
                 f"| {_cell(c.name)} | {'pass' if c.passed else 'FAIL'} | {_cell(c.reason)} | "
                 f"{c.duration_s:.2f} |"
             )
+    return "\n".join(lines) + "\n"
+
+
+def render_detail(detail: RunDetail) -> str:
+    """The sections on what went wrong: denied actions and processes killed at teardown."""
+    lines = ["", "## Denied actions", ""]
+    if detail.denied:
+        lines += ["| kind | target | rule | count |", "|---|---|---|---|"]
+        lines += [
+            f"| {_cell(d.kind)} | {md_code(d.target, 200)} | {_cell(d.rule or '-')} | {d.count} |"
+            for d in detail.denied
+        ]
+        if detail.denied_groups_left_off:
+            lines += ["", f"and {detail.denied_groups_left_off} more (see `corral log`)"]
+    else:
+        lines.append("none")
+    lines += ["", "## Processes killed at teardown", ""]
+    if detail.killed:
+        lines += ["| environment | session | count | names |", "|---|---|---|---|"]
+        lines += [
+            f"| {_cell(k.env)} | {_cell(k.session)} | {k.count} | "
+            f"{_cell(', '.join(k.names) or '-')} |"
+            for k in detail.killed
+        ]
+    else:
+        lines.append("none")
     return "\n".join(lines) + "\n"

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from corral.run.control import RunStatus
 
-__all__ = ["WIDE", "plain_line", "render_statuses"]
+__all__ = ["WIDE", "detail_lines", "plain_line", "render_statuses"]
 
 WIDE = 120
 
@@ -109,3 +109,28 @@ def _records(statuses: list[RunStatus]) -> RenderableType:
 def render_statuses(statuses: list[RunStatus], width: int) -> RenderableType:
     """What a terminal `width` columns wide shows for `statuses`."""
     return _table(statuses) if width >= WIDE else _records(statuses)
+
+
+def detail_lines(st: RunStatus) -> list[str]:
+    """One run's failed checks, denied actions and processes killed at teardown, as lines.
+
+    The values are escaped already (`corral.run.rundetail`); each line is cut
+    again so no field can make it wrap into something that looks like another.
+    """
+    d = st.detail
+    if d is None:
+        return []
+    out = [f"failed check {show(n, 80)}: {show(r, _REASON_LIMIT)}" for n, r in d.failed_checks]
+    out += [
+        f"denied {a.count}x {show(a.kind, 40)} {show(a.target, 120)}"
+        + (f" (rule {show(a.rule, 60)})" if a.rule else "")
+        for a in d.denied
+    ]
+    if d.denied_groups_left_off:
+        out.append(f"denied: {d.denied_groups_left_off} more kinds of action (corral log)")
+    out += [
+        f"killed at teardown: {k.count} in {show(k.env, 20)} session {show(k.session, 20)}"
+        + (f": {show(', '.join(k.names), 200)}" if k.names else "")
+        for k in d.killed
+    ]
+    return out

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import json
 import os
 import select
@@ -682,7 +683,14 @@ def exec_result(
 def count_leftovers(
     procs: dict[int, tuple[int, tuple[int, ...]]], *, monitor: int, pid1: int | None
 ) -> int:
-    """How many of the cgroup's processes belong to the command (pure).
+    """How many of the cgroup's processes belong to the command (pure; `leftover_pids`)."""
+    return len(leftover_pids(procs, monitor=monitor, pid1=pid1))
+
+
+def leftover_pids(
+    procs: dict[int, tuple[int, tuple[int, ...]]], *, monitor: int, pid1: int | None
+) -> list[int]:
+    """The cgroup's processes that belong to the command (pure).
 
     `procs` maps each host pid in the sandbox's cgroup to (ppid, NSpid) as
     the host's /proc shows them. The support processes are identified by
@@ -698,7 +706,20 @@ def count_leftovers(
     if pid1 is not None:
         support.add(pid1)
         support.update(p for p, (pp, ns) in procs.items() if pp == pid1 and ns[1:2] == (2,))
-    return sum(1 for p in procs if p not in support)
+    return sorted(p for p in procs if p not in support)
+
+
+#: Leftover process names kept for the exit report (ExecResult.killed_names).
+_MAX_KILLED_NAMES = 16
+
+
+def _comm(pid: int) -> str:
+    # comm is at most 15 bytes, set by the process itself (prctl/exec): hostile text.
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as fh:
+            return fh.read(64).rstrip(b"\n").decode("utf-8", "surrogateescape")
+    except OSError:
+        return "?"
 
 
 def _proc_identity(pid: int) -> tuple[int, tuple[int, ...]] | None:
@@ -776,6 +797,7 @@ class RunningSandbox(CgroupProcessHandle):
         self.bwrap_status: dict[str, int] = {}
         self._closed = False
         self._leftovers: int | None = None
+        self._leftover_names: tuple[str, ...] = ()
         self.unix_supervisor: UnixSupervisor | None = None
         #: Held references to the network namespace (`NetNs`), released by close().
         self.nets: list[NetNs] = []
@@ -904,7 +926,7 @@ class RunningSandbox(CgroupProcessHandle):
             self.cgroup.wait_empty(10.0)
         usage = self.usage()
         self._drain_status()
-        return exec_result(
+        result = exec_result(
             events=self.events,
             host_code=self.bwrap_status.get("exit-code"),
             bwrap_rc=self.proc.returncode,
@@ -915,6 +937,7 @@ class RunningSandbox(CgroupProcessHandle):
             timed_out=timed_out,
             interrupted=interrupted,
         )
+        return dataclasses.replace(result, killed_names=self._leftover_names)
 
     def _count_leftovers(self) -> None:
         if self.cgroup is None:
@@ -926,8 +949,10 @@ class RunningSandbox(CgroupProcessHandle):
                 ident = _proc_identity(pid)
                 if ident is not None:
                     procs[pid] = ident
-        n = count_leftovers(procs, monitor=self.proc.pid, pid1=self.bwrap_status.get("child-pid"))
-        self._leftovers = max(n, self._leftovers or 0)
+        pids = leftover_pids(procs, monitor=self.proc.pid, pid1=self.bwrap_status.get("child-pid"))
+        if len(pids) >= (self._leftovers or 0):
+            self._leftover_names = tuple(_comm(p) for p in pids[:_MAX_KILLED_NAMES])
+        self._leftovers = max(len(pids), self._leftovers or 0)
 
     def interrupt(self, signum: int) -> ExecResult:
         """Corral got a signal: kill everything and report it."""

@@ -138,6 +138,8 @@ class ExecResult:
     pids_limit_hits: int = 0
     message: str = ""
     events: tuple[dict[str, object], ...] = ()
+    #: /proc comm of (at most 16 of) the processes killed at the end: the sandbox's text.
+    killed_names: tuple[str, ...] = ()
 
     def summary(self, observations: dict[str, int] | None = None) -> dict[str, object]:
         return {

@@ -1204,7 +1204,10 @@ class _Suite:
             facts["host_markers"] = markers = _host_markers(str(ctx["hits"]), marker)
             for name in markers or ():
                 _remove(os.path.join(str(ctx["hits"]), name), marker)
-        checker = {"http_check.py": coordinator.HTTP_CHECKER.read_bytes()}
+        checker = {
+            "http_check.py": coordinator.HTTP_CHECKER.read_bytes(),
+            "check_run.py": coordinator.CHECK_RUNNER.read_bytes(),
+        }
         changed = [f"mission {c}" for c in changed_files(expected, _tree_digests(mdir / "checks"))]
         # The run's copies exist only once `corral run` got that far.
         if (run_dir / "checks").is_dir():

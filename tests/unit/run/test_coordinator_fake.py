@@ -67,7 +67,7 @@ def test_checks_run_on_the_backend_given_and_journal_its_outcomes(tmp_path: Path
         (True, "passed"),
         (False, "exit 1 (exited)"),
         (False, "timed out after 7s"),
-        (False, "exit 137 (oom)"),
+        (False, "killed by the check's memory limit"),
     ]
     assert [s.env_kind for s in fake.specs] == ["verifier"] * 4
     assert fake.parent_cgroups == ["corral/run-tfake"] * 4

@@ -260,7 +260,10 @@ def test_check_specs_no_egress_checks_read_only() -> None:
     )
     assert not http.network.needs_broker and http.env_kind == "verifier"
     assert all(not b.writable for b in http.binds)
-    assert json.loads(http.argv[-1])["url"] == "http://127.0.0.1:8000/health"
+    runner = json.loads(http.argv[-1])
+    doc = json.loads(runner["main"][-1])
+    assert doc["base"] == "http://127.0.0.1:8000" and doc["steps"][0]["path"] == "/health"
+    assert runner["reason"] == "/r/demo-1/sessions/session-1/check-0/reason.txt"
     run = check_spec(
         LAYOUT,
         MISSION,
@@ -271,7 +274,7 @@ def test_check_specs_no_egress_checks_read_only() -> None:
     )
     assert dict(run.env)["PRODUCT_URL"] == "http://127.0.0.1:8000"
     assert dict(run.env)["CORRAL_CHECKS"] == "/r/demo-1/checks"
-    assert run.limits.timeout_s == 60.0
+    assert run.limits.timeout_s == 65.0
 
 
 def test_script_agent_output_parsing() -> None:

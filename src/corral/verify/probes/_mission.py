@@ -163,8 +163,10 @@ dirs += [m for m in mounts_under(run_dir) if m.endswith("/checks")]
 targets = []
 for d in dirs:
     targets += [d + "/must_fail.py", d + "/planted-" + MARKER + ".py"]
-tools = [P["run_tools"] + "/http_check.py", "../tools/http_check.py"]
-tools += [m + "/http_check.py" for m in mounts_under(run_dir) if m.endswith("/tools")]
+tools = []
+for f in ("/http_check.py", "/check_run.py"):
+    tools += [P["run_tools"] + f, "../tools" + f]
+    tools += [m + f for m in mounts_under(run_dir) if m.endswith("/tools")]
 for t in targets:
     put(t, PASS_PY, 0o644)
 for t in tools:
