@@ -91,6 +91,7 @@ __all__ = [
 ]
 
 HTTP_CHECKER = Path(payload_path("http_check.py"))
+BROWSER_CHECKER = Path(payload_path("browser_check.py"))
 
 
 def session_budget(session: int | None, run: int | None, run_spent: int) -> int | None:
@@ -363,6 +364,7 @@ class Coordinator:
         except AgentError as exc:
             return self._finish(store, "failed", str(exc))
         shutil.copyfile(HTTP_CHECKER, self.layout.tools / "http_check.py")
+        shutil.copyfile(BROWSER_CHECKER, self.layout.tools / "browser_check.py")
         if self.provider_ref.kind == "synthetic":
             from corral.provider.server import ProviderThread
 
@@ -719,7 +721,7 @@ class Coordinator:
                 if self._stopping():
                     raise _Stop
                 self.progress.update(activity=f"check {i + 1}/{len(self.mission.settings.checks)}")
-                if check.http is not None and not_ready:
+                if check.run is None and not_ready:
                     results.append(
                         CheckResult(check.name, False, f"product not ready: {not_ready}", None, 0.0)
                     )
@@ -767,6 +769,15 @@ class Coordinator:
         check = self.mission.settings.checks[i]
         cdir = self.layout.check_dir(n, i)
         cdir.mkdir(parents=True, exist_ok=True)
+        site = None
+        if check.browser is not None:
+            from corral.run.browser_site import playwright_site
+
+            site = playwright_site()
+            if site is None:
+                # Fail closed: without Playwright the check cannot pass.
+                why = "browser checks need Playwright for Python on the host (the browser extra)"
+                return CheckResult(check.name, False, why, None, 0.0)
         spec = check_spec(
             self.layout,
             self.mission,
@@ -774,6 +785,7 @@ class Coordinator:
             i=i,
             check=check,
             http_checker=self.layout.tools / "http_check.py",
+            playwright_site=site,
         )
         stops: list[Any] = []
         product = self.mission.settings.product

@@ -30,7 +30,8 @@ from corral.agents.launch import launch_request
 from corral.agents.routes import ProviderChoice, provider_route
 from corral.broker.config import BrokerConfig, RouteConfig
 from corral.broker.proxy_env import sandbox_proxy_env
-from corral.run.mission import Check, Mission, ProviderRef
+from corral.errors import ConfigError
+from corral.run.mission import Check, Mission, ProviderRef, browser_in_checks
 from corral.sandbox.spec import DEFAULT_PATH, Bind, Limits, NetworkSpec, SandboxSpec
 
 __all__ = [
@@ -281,8 +282,14 @@ def check_spec(
     i: int,
     check: Check,
     http_checker: Path,
+    playwright_site: Path | None = None,
 ) -> SandboxSpec:
-    """The verifier sandbox of check `i` of session `n`."""
+    """The verifier sandbox of check `i` of session `n`.
+
+    A browser check runs `browser_check.py` (next to `http_checker`) over the
+    mission's script as copied into the run's checks/ (never the workspace's),
+    with `playwright_site` (the host's Playwright for Python) bound read-only.
+    """
     scratch = layout.check_dir(n, i)
     snap = layout.snapshot(n)
     extra = {
@@ -305,6 +312,24 @@ def check_spec(
         binds.append(Bind(str(layout.checks), writable=False))
     if check.run is not None:
         argv: tuple[str, ...] = ("/bin/sh", "-c", f"cd {_q(str(snap))} && {check.run}")
+    elif check.browser is not None:
+        cdir = mission.settings.checks_dir
+        inner = browser_in_checks(check.browser, cdir) if cdir is not None else None
+        if inner is None or playwright_site is None:
+            raise ConfigError(f"check {check.name!r}: no browser script or no Playwright")
+        binds.append(Bind(str(http_checker.parent), writable=False))
+        binds.append(Bind(str(playwright_site), writable=False))
+        runner = {
+            "script": str(layout.checks / inner),
+            "site": str(playwright_site),
+            "timeout": max(1.0, check.timeout - 2.0),
+        }
+        argv = (
+            "/usr/bin/python3",
+            "-I",
+            str(http_checker.with_name("browser_check.py")),
+            json.dumps(runner),
+        )
     else:
         assert check.http is not None and product is not None
         method, path = check.http.split(" ", 1)

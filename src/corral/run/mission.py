@@ -25,10 +25,11 @@ here touches the file system except `load_mission`, which reads the file.
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 import re
 import tomllib
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -52,6 +53,7 @@ __all__ = [
     "ProviderRef",
     "SessionSettings",
     "WatchSettings",
+    "browser_in_checks",
     "load_mission",
     "parse_mission",
     "parse_provider",
@@ -328,9 +330,11 @@ class ProductSettings(BaseModel):
 class Check(BaseModel):
     """`[[checks]]`: one acceptance check, run in the verifier.
 
-    Exactly one of `run` (a shell command; passes when it exits 0) and
+    Exactly one of `run` (a shell command; passes when it exits 0),
     `http` (`"METHOD /path"` against the product; passes when the status is
-    `expect_status` and the body contains `expect_body`).
+    `expect_status` and the body contains `expect_body`) and `browser` (a
+    Python Playwright script of the mission's, a path relative to the mission
+    file inside `checks_dir`; passes when it exits 0, see docs/run.md).
     """
 
     model_config = _FROZEN
@@ -338,6 +342,7 @@ class Check(BaseModel):
     name: str = Field(min_length=1, max_length=120)
     run: str | None = None
     http: str | None = None
+    browser: str | None = None
     body: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
     expect_status: int = Field(default=200, ge=100, le=599)
@@ -356,19 +361,32 @@ class Check(BaseModel):
             raise ValueError(f"http is 'METHOD /path', e.g. 'GET /todos', not {value!r}")
         return value
 
+    @field_validator("browser")
+    @classmethod
+    def _b(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = value.split("/")
+            if value.startswith("/") or ".." in parts or not value.endswith(".py"):
+                raise ValueError(f"browser is a relative path to a .py file, not {value!r}")
+        return value
+
     @model_validator(mode="after")
     def _one(self) -> Check:
-        if (self.run is None) == (self.http is None):
-            raise ValueError(f"check {self.name!r}: give exactly one of 'run' and 'http'")
-        if self.run is not None and (
+        if sum(x is not None for x in (self.run, self.http, self.browser)) != 1:
+            raise ValueError(
+                f"check {self.name!r}: give exactly one of 'run', 'http' and 'browser'"
+            )
+        if self.http is None and (
             self.body is not None or self.headers or self.expect_body is not None
         ):
             raise ValueError(f"check {self.name!r}: body/headers/expect_body need 'http'")
         return self
 
     @property
-    def kind(self) -> Literal["run", "http"]:
-        return "run" if self.run is not None else "http"
+    def kind(self) -> Literal["run", "http", "browser"]:
+        if self.run is not None:
+            return "run"
+        return "http" if self.http is not None else "browser"
 
 
 BackendKind = Literal["namespace", "gvisor", "microvm"]
@@ -448,12 +466,32 @@ class MissionSettings(BaseModel):
     def _http_needs_product(self) -> MissionSettings:
         if self.product is None and any(c.http for c in self.checks):
             raise ValueError("http checks need a [product] section")
+        for c in self.checks:
+            if c.browser is None:
+                continue
+            if self.product is None:
+                raise ValueError("browser checks need a [product] section")
+            # The script must be the mission's own (copied into the run when it
+            # is created), never a file the agent could have written.
+            if self.checks_dir is None or browser_in_checks(c.browser, self.checks_dir) is None:
+                raise ValueError(
+                    f"check {c.name!r}: browser {c.browser!r} must lie in checks_dir"
+                )
         names = [c.name for c in self.checks]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"duplicate check names: {dupes}")
         parse_provider(self.provider, self.provider_key)
         return self
+
+
+def browser_in_checks(browser: str, checks_dir: str) -> str | None:
+    """`browser`'s path inside `checks_dir` (both relative to the mission), else None."""
+    rel = PurePosixPath(posixpath.normpath(browser))
+    base = PurePosixPath(posixpath.normpath(checks_dir))
+    if rel == base or not rel.is_relative_to(base) or base.is_absolute():
+        return None
+    return str(rel.relative_to(base))
 
 
 @dataclass(frozen=True, slots=True)
@@ -728,4 +766,7 @@ def load_mission(
     cdir = mission.checks_dir
     if cdir is not None and not cdir.is_dir():
         raise ConfigError(f"{p}: checks_dir {cdir} is not a directory")
+    for c in mission.settings.checks:
+        if c.browser is not None and not mission.resolve(c.browser).is_file():
+            raise ConfigError(f"{p}: browser check {mission.resolve(c.browser)} does not exist")
     return mission
