@@ -824,6 +824,12 @@ class Coordinator:
             )
         passed = result.reason == "exited" and result.exit == 0
         reason = "passed" if passed else f"exit {result.exit} ({result.reason})"
+        if check.browser is not None and not passed and output:
+            from corral.display import show
+
+            # A browser script says why it failed on its last line (or its
+            # traceback does); the line is the script's, possibly quoting the product.
+            reason += ": " + show(output.splitlines()[-1], 200)
         return CheckResult(check.name, passed, reason, result.exit, took, output)
 
 
