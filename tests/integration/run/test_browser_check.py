@@ -81,6 +81,38 @@ def test_todo_ui_browser_check_fails_then_passes(tmp_path: Path) -> None:
     # writes one file and a stdlib server stay far below this).
     assert run.peak_memory > 150 << 20, run.peak_memory
     assert not run_cgroup(rid).exists()
+    _dashboard_shows_the_reason(runs, rid)
+
+
+def _dashboard_shows_the_reason(runs: Path, rid: str) -> None:
+    """The failing browser check's reason on the run's dashboard page, as text (a screenshot)."""
+    import os
+    import signal
+
+    from playwright.sync_api import sync_playwright
+
+    from tests.integration.dashboard.conftest import SHOTS, start_dashboard
+
+    d = start_dashboard(runs)
+    try:
+        with sync_playwright() as pw:
+            b = pw.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+            try:
+                page = b.new_page(viewport={"width": 1280, "height": 900})
+                page.goto(d.url)
+                page.goto(f"{d.origin}/run/{rid}")
+                first = page.locator("details.session").first
+                first.locator("summary").click()
+                failed = first.locator("table.checks tr.fail")
+                assert FAIL_LINE in failed.inner_text()
+                first.screenshot(path=str(SHOTS / "dashboard-browser-check.png"))
+            finally:
+                b.close()
+    finally:
+        os.killpg(d.proc.pid, signal.SIGTERM)
+        d.proc.wait(10)
+        if d.proc.stdout is not None:
+            d.proc.stdout.close()
 
 
 class _Canary:
