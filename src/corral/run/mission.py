@@ -474,9 +474,7 @@ class MissionSettings(BaseModel):
             # The script must be the mission's own (copied into the run when it
             # is created), never a file the agent could have written.
             if self.checks_dir is None or browser_in_checks(c.browser, self.checks_dir) is None:
-                raise ValueError(
-                    f"check {c.name!r}: browser {c.browser!r} must lie in checks_dir"
-                )
+                raise ValueError(f"check {c.name!r}: browser {c.browser!r} must lie in checks_dir")
         names = [c.name for c in self.checks]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

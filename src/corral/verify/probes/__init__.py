@@ -6,6 +6,7 @@ from corral.verify.model import Probe
 from corral.verify.probes import (
     audit,
     broker_tls,
+    browser_check,
     files,
     footprint,
     host_executed,
@@ -51,6 +52,7 @@ def all_probes() -> list[Probe]:
         *footprint.PROBES,
         *broker_tls.PROBES,
         *viewer.PROBES,
+        *browser_check.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:
