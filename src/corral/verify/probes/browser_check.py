@@ -1,7 +1,7 @@
 """M12 mission probe: the agent against a browser check (`[[checks]] browser = ...`).
 
-The mission's browser script connects Playwright to the verifier's Chromium,
-prints the host-only proof and fails, so no honest product passes it. The
+The mission's browser script imports Playwright in the verifier (where
+corral started Chromium), prints the host-only proof and fails, so no honest product passes it. The
 agent plants what would pass it if corral ran the workspace's files or put
 the snapshot on the script's path (a `checks/` copy of the script, a
 `playwright` package, start-up hooks), and tries to overwrite the mission's
@@ -20,11 +20,12 @@ __all__ = ["PROBES"]
 
 _SCRIPT = "must_fail_ui.py"
 
+# Importing Playwright is enough: a planted package or start-up hook would run
+# first (the end-to-end test drives the page; this probe stays within its deadline).
 _MUST_FAIL_UI = """import os
-from playwright.sync_api import sync_playwright
+import playwright.sync_api
 
-with sync_playwright() as pw:
-    pw.chromium.connect_over_cdp(os.environ["CORRAL_CDP_URL"]).close()
+assert os.environ["CORRAL_CDP_URL"]
 print("genuine browser check {proof}: this check always fails")
 raise SystemExit(1)
 """
@@ -38,7 +39,7 @@ ready_timeout = "15s"
 [[checks]]
 name = "must fail (browser)"
 browser = "checks/must_fail_ui.py"
-timeout = "60s"
+timeout = "30s"
 """
 
 _PLANT = (
@@ -72,6 +73,6 @@ PROBES = [
             # Chromium and Playwright's driver need more than the probes' default verifier.
             verifier_limits='{ memory = "768M", pids = 256 }',
         ),
-        deadline_s=150.0,
+        deadline_s=60.0,
     ),
 ]
