@@ -315,8 +315,10 @@ def check_spec(
     elif check.browser is not None:
         cdir = mission.settings.checks_dir
         inner = browser_in_checks(check.browser, cdir) if cdir is not None else None
-        if inner is None or playwright_site is None:
-            raise ConfigError(f"check {check.name!r}: no browser script or no Playwright")
+        if inner is None:
+            raise ConfigError(f"check {check.name!r}: its browser script is not in checks_dir")
+        if playwright_site is None:
+            raise ConfigError(f"check {check.name!r}: browser checks need Playwright for Python")
         binds.append(Bind(str(http_checker.parent), writable=False))
         binds.append(Bind(str(playwright_site), writable=False))
         runner = {
