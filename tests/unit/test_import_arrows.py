@@ -103,6 +103,7 @@ SAME_LAYER: Mapping[tuple[str, str], str] = {
     ("k8s", "run"): "renders the environments corral run would start",
     ("verify", "viewer"): "the M11 probes attack the real viewer",
     ("viewer", "run"): "the viewer starts a run's product the way corral run does",
+    ("viewer", "dashboard"): "corral view serves the dashboard with the viewer mounted in it",
 }
 
 #: Areas that may import only these areas (besides their own).

@@ -29,7 +29,7 @@ from corral.dashboard.security import (
 from corral.errors import CorralError, UsageError
 from corral.run.environments import RunLayout
 
-__all__ = ["AUTOESCAPE", "RUNS_DIR_KEY", "VIEWER_ROUTE", "create_app"]
+__all__ = ["AUTOESCAPE", "RUNS_DIR_KEY", "VIEWABLE_KEY", "VIEWER_ROUTE", "create_app"]
 
 #: Never turned off; a module constant so a control test can show what escaping prevents.
 AUTOESCAPE: Final = True
@@ -39,6 +39,8 @@ AUTOESCAPE: Final = True
 VIEWER_ROUTE: Final = "viewer"
 
 RUNS_DIR_KEY: Final = web.AppKey("corral_dashboard_runs_dir", Path)
+#: Set by a viewer extension that shows only some runs: the run pages link those only.
+VIEWABLE_KEY: Final = web.AppKey("corral_dashboard_viewable", frozenset[str])
 _JINJA_KEY: Final = web.AppKey[Any]("corral_dashboard_jinja")
 _STREAMS_KEY: Final = web.AppKey[set[asyncio.Task[Any]]]("corral_dashboard_streams")
 _PLOTS_KEY: Final = web.AppKey[dict[str, tuple[tuple[int, int], bytes]]]("corral_dashboard_plots")
@@ -114,6 +116,9 @@ async def _run(request: web.Request) -> web.Response:
     except CorralError as exc:
         raise web.HTTPNotFound(text="404: run not readable\n") from exc
     viewer = request.app.router.named_resources().get(VIEWER_ROUTE)
+    viewable = request.app.get(VIEWABLE_KEY)
+    if viewable is not None and layout.run_id not in viewable:
+        viewer = None
     viewer_url = str(viewer.url_for().with_query(run=layout.run_id)) if viewer else ""
     return _render(request, "run.html", mib=_mib, viewer_url=viewer_url, **ctx)
 

@@ -98,6 +98,7 @@ __all__ = [
 
 HTTP_CHECKER = Path(payload_path("http_check.py"))
 CHECK_RUNNER = Path(payload_path("check_run.py"))
+BROWSER_CHECKER = Path(payload_path("browser_check.py"))
 
 
 def session_budget(session: int | None, run: int | None, run_spent: int) -> int | None:
@@ -378,6 +379,7 @@ class Coordinator:
         if self.mission.settings.product is not None and self.mission.settings.product.data:
             ensure_data_dir(self.layout)
         shutil.copyfile(CHECK_RUNNER, self.layout.tools / "check_run.py")
+        shutil.copyfile(BROWSER_CHECKER, self.layout.tools / "browser_check.py")
         if self.provider_ref.kind == "synthetic":
             from corral.provider.server import ProviderThread
 
@@ -739,7 +741,7 @@ class Coordinator:
                 self.progress.update(activity=f"check {i + 1}/{len(self.mission.settings.checks)}")
                 if check.restart_product and product is not None:
                     running, ns, not_ready = self._restart_product(store, n, running, check.name)
-                if check.http is not None and not_ready:
+                if check.run is None and not_ready:
                     results.append(
                         CheckResult(check.name, False, f"product not ready: {not_ready}", None, 0.0)
                     )
@@ -843,6 +845,15 @@ class Coordinator:
         check = self.mission.settings.checks[i]
         cdir = self.layout.check_dir(n, i)
         cdir.mkdir(parents=True, exist_ok=True)
+        site = None
+        if check.browser is not None:
+            from corral.run.browser_site import playwright_site
+
+            site = playwright_site()
+            if site is None:
+                # Fail closed: without Playwright the check cannot pass.
+                why = "browser checks need Playwright for Python on the host (the browser extra)"
+                return CheckResult(check.name, False, why, None, 0.0)
         spec = check_spec(
             self.layout,
             self.mission,
@@ -850,6 +861,7 @@ class Coordinator:
             i=i,
             check=check,
             http_checker=self.layout.tools / "http_check.py",
+            playwright_site=site,
         )
         stops: list[Any] = []
         product = self.mission.settings.product

@@ -35,9 +35,10 @@ from corral.agents.routes import ProviderChoice, provider_route
 from corral.broker.config import BrokerConfig, RouteConfig
 from corral.broker.proxy_env import sandbox_proxy_env
 from corral.broker.tcp import sandbox_env_for
+from corral.errors import ConfigError
 from corral.run.checkspec import http_payload
 from corral.run.envnet import env_network
-from corral.run.mission import Check, Mission, ProviderRef
+from corral.run.mission import Check, Mission, ProviderRef, browser_in_checks
 from corral.run.product import DATA_ENV, data_dir, product_env
 from corral.sandbox.spec import (
     DEFAULT_PATH,
@@ -317,8 +318,14 @@ def check_spec(
     i: int,
     check: Check,
     http_checker: Path,
+    playwright_site: Path | None = None,
 ) -> SandboxSpec:
-    """The verifier sandbox of check `i` of session `n`."""
+    """The verifier sandbox of check `i` of session `n`.
+
+    A browser check runs `browser_check.py` (next to `http_checker`) over the
+    mission's script as copied into the run's checks/ (never the workspace's),
+    with `playwright_site` (the host's Playwright for Python) bound read-only.
+    """
     scratch = layout.check_dir(n, i)
     snap = layout.snapshot(n)
     extra = {
@@ -347,6 +354,25 @@ def check_spec(
     binds.append(Bind(str(http_checker.parent), writable=False))
     if check.run is not None:
         main: tuple[str, ...] = ("/bin/sh", "-c", f"cd {_q(str(snap))} && {check.run}")
+    elif check.browser is not None:
+        cdir = mission.settings.checks_dir
+        inner = browser_in_checks(check.browser, cdir) if cdir is not None else None
+        if inner is None:
+            raise ConfigError(f"check {check.name!r}: its browser script is not in checks_dir")
+        if playwright_site is None:
+            raise ConfigError(f"check {check.name!r}: browser checks need Playwright for Python")
+        binds.append(Bind(str(playwright_site), writable=False))
+        browser_doc = {
+            "script": str(layout.checks / inner),
+            "site": str(playwright_site),
+            "timeout": max(1.0, check.timeout - 2.0),
+        }
+        main = (
+            "/usr/bin/python3",
+            "-I",
+            str(http_checker.with_name("browser_check.py")),
+            json.dumps(browser_doc),
+        )
     else:
         assert product is not None
         doc = http_payload(check.http_steps(), product.port, check.timeout)
@@ -355,7 +381,7 @@ def check_spec(
         "setup": check.setup and f"cd {_q(str(snap))} && {check.setup}",
         "teardown": check.teardown and f"cd {_q(str(snap))} && {check.teardown}",
         "main": list(main),
-        "http": check.run is None,
+        "http": check.run is None and check.browser is None,
         "timeout": check.timeout,
         "reason": str(scratch / CHECK_REASON),
     }

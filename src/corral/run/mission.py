@@ -25,10 +25,11 @@ here touches the file system except `load_mission`, which reads the file.
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 import re
 import tomllib
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -55,6 +56,7 @@ __all__ = [
     "ProviderRef",
     "SessionSettings",
     "WatchSettings",
+    "browser_in_checks",
     "load_mission",
     "parse_mission",
     "parse_provider",
@@ -364,11 +366,13 @@ class Check(BaseModel):
     """`[[checks]]`: one acceptance check, run in a verifier sandbox of its own.
 
     Exactly one of `run` (a shell command; passes when it exits 0), `http`
-    (`"METHOD /path"` against the product with `expect_*` assertions) and
+    (`"METHOD /path"` against the product with `expect_*` assertions),
     `steps` (`[[checks.steps]]`, a sequence of such requests; see
-    `corral.run.checkspec`). `setup` and `teardown` are shell commands run in
-    the same sandbox before and (always) after it; `env`, `memory`, `pids`
-    and `timeout` are this check's own.
+    `corral.run.checkspec`) and `browser` (a Python Playwright script of the
+    mission's, a path relative to the mission file inside `checks_dir`;
+    passes when it exits 0, see docs/run.md). `setup` and `teardown` are
+    shell commands run in the same sandbox before and (always) after it;
+    `env`, `memory`, `pids` and `timeout` are this check's own.
     """
 
     model_config = _FROZEN
@@ -376,6 +380,7 @@ class Check(BaseModel):
     name: str = Field(min_length=1, max_length=120)
     run: str | None = None
     http: str | None = None
+    browser: str | None = None
     body: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
     expect_status: int = Field(default=200, ge=100, le=599)
@@ -417,11 +422,30 @@ class Check(BaseModel):
             raise ValueError(f"http is 'METHOD /path', e.g. 'GET /todos', not {value!r}")
         return value
 
+    @field_validator("browser")
+    @classmethod
+    def _b(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = value.split("/")
+            if value.startswith("/") or ".." in parts or not value.endswith(".py"):
+                raise ValueError(f"browser is a relative path to a .py file, not {value!r}")
+        return value
+
     @model_validator(mode="after")
     def _one(self) -> Check:
-        given = sum(x for x in (self.run is not None, self.http is not None, bool(self.steps)))
+        given = sum(
+            x
+            for x in (
+                self.run is not None,
+                self.http is not None,
+                bool(self.steps),
+                self.browser is not None,
+            )
+        )
         if given != 1:
-            raise ValueError(f"check {self.name!r}: give exactly one of 'run', 'http' and 'steps'")
+            raise ValueError(
+                f"check {self.name!r}: give exactly one of 'run', 'http', 'steps' and 'browser'"
+            )
         inline = {k for k in _STEP_KEYS if k in self.model_fields_set}
         if self.http is None and inline:
             raise ValueError(f"check {self.name!r}: {', '.join(sorted(inline))} need 'http'")
@@ -432,11 +456,14 @@ class Check(BaseModel):
         return self
 
     @property
-    def kind(self) -> Literal["run", "http"]:
-        return "run" if self.run is not None else "http"
+    def kind(self) -> Literal["run", "http", "browser"]:
+        if self.run is not None:
+            return "run"
+        # `steps` is a sequence of http requests: an http check too.
+        return "browser" if self.browser is not None else "http"
 
     def http_steps(self) -> tuple[HttpStep, ...]:
-        """The requests of an http check (one for `http = ...`); () for a `run` check."""
+        """The requests of an http check (one for `http = ...`); () for a `run` or `browser` check."""
         if self.http is None:
             return self.steps
         return (HttpStep.model_validate(self.model_dump(include={"http", *_STEP_KEYS})),)
@@ -528,6 +555,15 @@ class MissionSettings(BaseModel):
     def _http_needs_product(self) -> MissionSettings:
         if self.product is None and any(c.kind == "http" for c in self.checks):
             raise ValueError("http checks need a [product] section")
+        for c in self.checks:
+            if c.browser is None:
+                continue
+            if self.product is None:
+                raise ValueError("browser checks need a [product] section")
+            # The script must be the mission's own (copied into the run when it
+            # is created), never a file the agent could have written.
+            if self.checks_dir is None or browser_in_checks(c.browser, self.checks_dir) is None:
+                raise ValueError(f"check {c.name!r}: browser {c.browser!r} must lie in checks_dir")
         names = [c.name for c in self.checks]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -539,6 +575,15 @@ class MissionSettings(BaseModel):
         if big:
             raise ValueError(f"check {big[0]!r}: memory is more than limits.run_memory")
         return self
+
+
+def browser_in_checks(browser: str, checks_dir: str) -> str | None:
+    """`browser`'s path inside `checks_dir` (both relative to the mission), else None."""
+    rel = PurePosixPath(posixpath.normpath(browser))
+    base = PurePosixPath(posixpath.normpath(checks_dir))
+    if rel == base or not rel.is_relative_to(base) or base.is_absolute():
+        return None
+    return str(rel.relative_to(base))
 
 
 @dataclass(frozen=True, slots=True)
@@ -815,4 +860,7 @@ def load_mission(
     cdir = mission.checks_dir
     if cdir is not None and not cdir.is_dir():
         raise ConfigError(f"{p}: checks_dir {cdir} is not a directory")
+    for c in mission.settings.checks:
+        if c.browser is not None and not mission.resolve(c.browser).is_file():
+            raise ConfigError(f"{p}: browser check {mission.resolve(c.browser)} does not exist")
     return mission

@@ -32,7 +32,10 @@ def build_prompt(
     lines = [f"Session {n} of {s.max_sessions}.", "", "# The product", "", mission.description]
     lines += ["", "# Acceptance checks (run by corral after this session, not by you)", ""]
     for c in s.checks:
-        what = f"`{c.run}`" if c.run is not None else f"HTTP {c.http} -> {c.expect_status}"
+        if c.browser is not None:
+            what = "a browser test of the product's pages (the mission's script)"
+        else:
+            what = f"`{c.run}`" if c.run is not None else f"HTTP {c.http} -> {c.expect_status}"
         lines.append(f"- {c.name}: {what}")
     if s.product is not None:
         lines += [

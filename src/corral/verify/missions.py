@@ -68,6 +68,10 @@ def _fill(template: str, ctx: Mapping[str, Any]) -> str:
 def render_mission(probe_id: str, spec: MissionSpec, ctx: Mapping[str, Any]) -> str:
     """MISSION.md: the fixed head, the probe's `[product]`/`[[checks]]` tables, a body."""
     head = _HEAD.format(probe_id=probe_id, max_sessions=spec.max_sessions)
+    if spec.verifier_limits is not None:
+        head = head.replace(
+            'verifier = { memory = "128M", pids = 64 }', f"verifier = {spec.verifier_limits}", 1
+        )
     if spec.token_budget is not None:
         head = head.replace(
             "\n\n[session]", f"\ntoken_budget = {spec.token_budget}\n\n[session]", 1

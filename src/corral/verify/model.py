@@ -335,6 +335,8 @@ class MissionSpec:
     agent_error: str | None = None
     """Session 1's agent ends with this error text as its result (its last provider
     reply fails with this body; `{marker}` is the probe's marker)."""
+    verifier_limits: str | None = None
+    """The verifier's `[limits]` inline table (e.g. for Chromium in a browser check)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -146,7 +146,14 @@ def _viewed(root: Path, env: dict[str, str]) -> Iterator[str]:
 
         try:
             loop.run_until_complete(
-                serve(stack, port=0, token=new_token(), stop=stop, on_url=on_url)
+                serve(
+                    stack,
+                    port=0,
+                    token=new_token(),
+                    stop=stop,
+                    on_url=on_url,
+                    runs_dir=root / "runs",
+                )
             )
         finally:
             ready.set()

@@ -3,7 +3,8 @@
 The product starts from a session's snapshot in its product sandbox (as in
 `corral run`), Chromium runs in a viewer sandbox that reaches only the
 product's port through the journaled forward, and the page is served on
-127.0.0.1 behind a per-start token. Ctrl-C or SIGTERM tears everything down.
+127.0.0.1 as the dashboard over the runs directory with the viewer mounted
+(its token, cookie, Origin checks and headers). Ctrl-C or SIGTERM tears everything down.
 """
 
 from __future__ import annotations
@@ -106,7 +107,15 @@ def run_view(run_ref: str, session: int | None, port: int, runs_dir: Path) -> in
             def on_url(url: str) -> None:
                 print(f"viewer of run {layout.run_id}, session {n}: {url}", flush=True)
 
-            await serve(stack, port=port, token=new_token(), stop=stop, on_url=on_url)
+            await serve(
+                stack,
+                port=port,
+                token=new_token(),
+                stop=stop,
+                on_url=on_url,
+                runs_dir=runs_dir,
+                run_id=layout.run_id,
+            )
 
         asyncio.run(main(stack))
     finally:

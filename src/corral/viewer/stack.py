@@ -4,8 +4,8 @@
 until it answers, starts the viewer sandbox with the product port forwarded
 into it (each connection journaled through `on_forward`, which may refuse it
 by raising) and closes everything in `close()`, even when a step failed.
-`serve()` attaches a `Viewer` and serves the standalone page until a stop
-event (Ctrl-C/SIGTERM in `corral view`).
+`serve()` attaches a `Viewer` and serves the dashboard with the viewer
+mounted until a stop event (Ctrl-C/SIGTERM in `corral view`).
 """
 
 from __future__ import annotations
@@ -134,24 +134,34 @@ async def serve(
     token: str,
     stop: asyncio.Event,
     on_url: Callable[[str], None],
+    runs_dir: Path,
+    run_id: str | None = None,
 ) -> None:
-    """Serve the standalone viewer page on 127.0.0.1:`port` until `stop` is set."""
-    from aiohttp import web
+    """Serve the dashboard over `runs_dir` with the stack's viewer mounted, until `stop`.
 
-    from corral.viewer.web import standalone_app
+    The viewer's routes are a dashboard extension: the dashboard's token,
+    cookie, Host and Origin checks and security headers cover them. `on_url`
+    gets the viewer's URL with the token (the first load trades it for the
+    cookie and drops it from the address bar).
+    """
+    from aiohttp import web
+    from yarl import URL
+
+    from corral.dashboard.server import create_app
+    from corral.viewer.web import extension
 
     viewer = await attach(stack)
     runner: web.AppRunner | None = None
     sock: socket.socket | None = None
     try:
-        # Port 0 picks a free port; the Origin the WS check wants needs the real one.
+        app = create_app(runs_dir, token, extensions=[extension(viewer, run_id)])
         sock = _bind(port)
         real = sock.getsockname()[1]
-        app = standalone_app(viewer, token, f"http://127.0.0.1:{real}")
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.SockSite(runner, sock).start()
-        on_url(f"http://127.0.0.1:{real}/viewer?token={token}")
+        query = {"run": run_id, "token": token} if run_id is not None else {"token": token}
+        on_url(str(URL(f"http://127.0.0.1:{real}/viewer").with_query(query)))
         await stop.wait()
     finally:
         if runner is not None:

@@ -1,19 +1,19 @@
-"""The viewer's routes (aiohttp) and a minimal standalone app for `corral view`.
+"""The viewer's routes, mounted into the dashboard (`corral view`).
 
 The user's browser receives only these routes' bytes: corral's static page,
 script and style, JPEG frames corral validated, and JSON text events whose
-product text the page renders with `textContent`. `install()` mounts the
-routes on any app (the dashboard's at merge); `standalone_app()` adds the
-token, the security headers and the Origin check it needs on its own.
+product text the page renders with `textContent`. `install()` is a dashboard
+extension: the routes sit in the dashboard's application, so its gate (the
+loopback Host, the per-start token and cookie, the WebSocket `Origin` check)
+and its security headers cover them; the viewer has no gate of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from importlib import resources
 from typing import Final
 
@@ -22,12 +22,10 @@ from aiohttp import WSMsgType, web
 from corral.viewer.core import Viewer, ViewerEvent
 from corral.viewer.inputs import InputRejected, parse_input
 
-_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-__all__ = ["COOKIE", "SECURITY_HEADERS", "VIEWER_KEY", "install", "new_token", "standalone_app"]
+__all__ = ["VIEWER_KEY", "extension", "install", "new_token"]
 
 VIEWER_KEY: Final = web.AppKey("corral_viewer", Viewer)
-ORIGIN_KEY: Final = web.AppKey("corral_viewer_origin", str)
+VIEWED_RUN_KEY: Final = web.AppKey("corral_viewer_run", str)
 
 
 class _Sockets:
@@ -36,17 +34,6 @@ class _Sockets:
 
 
 SOCKETS_KEY: Final = web.AppKey("corral_viewer_sockets", _Sockets)
-COOKIE = "corral_viewer"
-SECURITY_HEADERS = {
-    "Content-Security-Policy": (
-        "default-src 'self'; img-src 'self' blob: data:; frame-ancestors 'none'; "
-        "base-uri 'none'; form-action 'none'"
-    ),
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-store",
-    "Cross-Origin-Opener-Policy": "same-origin",
-}
 _STATIC = {
     "viewer.js": "text/javascript",
     "viewer.css": "text/css",
@@ -61,14 +48,21 @@ def new_token() -> str:
     return secrets.token_urlsafe(32)
 
 
-def install(app: web.Application, viewer: Viewer, *, origin: str | None = None) -> None:
-    """Add `/viewer`, `/viewer/static/*` and `/viewer/ws` to `app`.
+def install(app: web.Application, viewer: Viewer, *, run_id: str | None = None) -> None:
+    """Add `/viewer` (named `VIEWER_ROUTE`), `/viewer/static/*` and `/viewer/ws` to `app`.
 
-    `origin`: the only `Origin` a WebSocket handshake may carry (the page's
-    own, e.g. `http://127.0.0.1:8765`); None leaves that check to the app.
+    `app` is the dashboard's (`create_app(..., extensions=[extension(...)])`),
+    whose middleware authenticates every request and checks the handshake's
+    `Origin`. `run_id`: the run whose product `viewer` shows; the page for
+    another run (`/viewer?run=OTHER`) is a 404 and the run pages link only it.
     """
+    from corral.dashboard.server import VIEWABLE_KEY, VIEWER_ROUTE
+
     app[VIEWER_KEY] = viewer
     app[SOCKETS_KEY] = _Sockets()
+    if run_id is not None:
+        app[VIEWED_RUN_KEY] = run_id
+        app[VIEWABLE_KEY] = frozenset({run_id})
 
     async def close_sockets(app: web.Application) -> None:
         # Open WebSockets would hold the server's shutdown until they time out.
@@ -76,12 +70,13 @@ def install(app: web.Application, viewer: Viewer, *, origin: str | None = None) 
             await ws.close()
 
     app.on_shutdown.append(close_sockets)
-    if origin is not None:
-        app[ORIGIN_KEY] = origin
     page = _asset("viewer.html")
     assets = {name: (_asset(name), ctype) for name, ctype in _STATIC.items()}
 
-    async def viewer_page(_request: web.Request) -> web.Response:
+    async def viewer_page(request: web.Request) -> web.Response:
+        asked = request.query.get("run")
+        if asked is not None and asked != request.app.get(VIEWED_RUN_KEY, asked):
+            raise web.HTTPNotFound(text="404: this view shows another run\n")
         return web.Response(body=page, content_type="text/html", charset="utf-8")
 
     async def static(request: web.Request) -> web.Response:
@@ -90,15 +85,21 @@ def install(app: web.Application, viewer: Viewer, *, origin: str | None = None) 
             raise web.HTTPNotFound()
         return web.Response(body=found[0], content_type=found[1], charset="utf-8")
 
-    app.router.add_get("/viewer", viewer_page)
+    app.router.add_get("/viewer", viewer_page, name=VIEWER_ROUTE)
     app.router.add_get("/viewer/static/{name}", static)
     app.router.add_get("/viewer/ws", _ws_handler)
 
 
+def extension(viewer: Viewer, run_id: str | None = None) -> Callable[[web.Application], None]:
+    """`install` as a dashboard extension."""
+
+    def extend(app: web.Application) -> None:
+        install(app, viewer, run_id=run_id)
+
+    return extend
+
+
 async def _ws_handler(request: web.Request) -> web.WebSocketResponse:
-    want = request.app.get(ORIGIN_KEY)
-    if want is not None and request.headers.get("Origin") != want:
-        raise web.HTTPForbidden(text="bad Origin")
     viewer = request.app[VIEWER_KEY]
     ws = web.WebSocketResponse(max_msg_size=8192, heartbeat=30.0)
     await ws.prepare(request)
@@ -147,31 +148,3 @@ async def _ws_handler(request: web.Request) -> web.WebSocketResponse:
         viewer.unsubscribe(fq, eq)
         request.app[SOCKETS_KEY].open.discard(ws)
     return ws
-
-
-def standalone_app(viewer: Viewer, token: str, origin: str) -> web.Application:
-    """The viewer alone, behind `token` (query once, then an HttpOnly cookie)."""
-
-    @web.middleware
-    async def auth(request: web.Request, handler: _Handler) -> web.StreamResponse:
-        given = request.query.get("token")
-        if given is not None and hmac.compare_digest(given.encode(), token.encode()):
-            resp = web.HTTPSeeOther(location=request.path)
-            resp.set_cookie(COOKIE, token, httponly=True, samesite="Strict", path="/")
-            raise resp
-        cookie = request.cookies.get(COOKIE, "")
-        if not hmac.compare_digest(cookie.encode(), token.encode()):
-            raise web.HTTPForbidden(text="forbidden: open the URL corral printed")
-        return await handler(request)
-
-    async def headers(_request: web.Request, response: web.StreamResponse) -> None:
-        response.headers.update(SECURITY_HEADERS)
-
-    async def root(_request: web.Request) -> web.Response:
-        raise web.HTTPSeeOther(location="/viewer")
-
-    app = web.Application(middlewares=[auth], client_max_size=64 * 1024)
-    app.on_response_prepare.append(headers)
-    app.router.add_get("/", root)
-    install(app, viewer, origin=origin)
-    return app

@@ -1,4 +1,4 @@
-"""A running view (product + viewer sandboxes + the standalone page) for the tests."""
+"""A running view (product + viewer sandboxes + the dashboard serving the viewer) for the tests."""
 
 from __future__ import annotations
 
@@ -92,7 +92,16 @@ def start_view(script: str, env: dict[str, str], ready_path: str) -> Iterator[Ru
 
     def main() -> None:
         try:
-            loop.run_until_complete(serve(stack, port=0, token=token, stop=stop, on_url=on_url))
+            loop.run_until_complete(
+                serve(
+                    stack,
+                    port=0,
+                    token=token,
+                    stop=stop,
+                    on_url=on_url,
+                    runs_dir=tmp / "runs",
+                )
+            )
         except BaseException as exc:
             errors.append(exc)
             ready.set()

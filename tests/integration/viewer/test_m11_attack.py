@@ -113,7 +113,7 @@ def test_hostile_product_through_the_viewer(browser: Any, canary: Canary) -> Non
             bodies = _bodies(pg, responses)
             assert len(bodies) >= 3  # the page, its script and style at least
             assert not any(secret.encode() in b for b in bodies)
-            assert [c["name"] for c in ctx.cookies()] == ["corral_viewer"]
+            assert [c["name"] for c in ctx.cookies()] == ["corral_dash"]
             assert len(ctx.pages) == 1
         finally:
             ctx.close()

@@ -53,7 +53,7 @@ def test_view_serves_a_snapshot_and_sigterm_leaves_no_process(tmp_path: Path) ->
     try:
         assert proc.stdout is not None and proc.stderr is not None
         line = proc.stdout.readline()
-        assert "?token=" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+        assert "&token=" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
         url = line.rsplit(" ", 1)[1].strip()
         base = url.split("/viewer", 1)[0]
         with pytest.raises(urllib.error.HTTPError) as info:
@@ -64,6 +64,15 @@ def test_view_serves_a_snapshot_and_sigterm_leaves_no_process(tmp_path: Path) ->
         opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
         with opener.open(url, timeout=5) as resp:
             assert resp.status == 200 and b"/viewer/static/viewer.js" in resp.read()
+            # The token left the address bar; the page is the viewer of this run.
+            assert resp.url == f"{base}/viewer?run={layout.run_id}"
+        # It is the dashboard: the run's page links its viewer, under the same cookie.
+        with opener.open(f"{base}/run/{layout.run_id}", timeout=5) as resp:
+            assert f'href="/viewer?run={layout.run_id}"'.encode() in resp.read()
+        with pytest.raises(urllib.error.HTTPError) as info:
+            opener.open(f"{base}/viewer?run=other", timeout=5)
+        info.value.close()
+        assert info.value.code == 404
         cg = RunCgroup.detect(layout.run_id)
         assert cg is not None
         pids = cg.pids()

@@ -8,6 +8,8 @@ read through the product's own loopback.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -21,7 +23,12 @@ from tests.integration.viewer.conftest import RunningView
 
 pytestmark = [pytest.mark.requires_sandbox, pytest.mark.requires_chromium]
 
-DOCS_IMG = Path(__file__).parents[3] / "docs" / "img" / "viewer.png"
+# Committed screenshots are refreshed only when asked for (as in the dashboard tests).
+DOCS_IMG = (
+    Path(__file__).parents[3] / "docs" / "img" / "viewer.png"
+    if os.environ.get("CORRAL_SCREENSHOTS") == "1"
+    else Path(tempfile.mkdtemp(prefix="corral-shots-")) / "viewer.png"
+)
 
 
 @pytest.fixture(scope="module")
@@ -133,19 +140,48 @@ def test_token_and_origin_are_required(running_view: RunningView) -> None:
         assert info.value.code == 403
         assert "default-src 'self'" in info.value.headers["Content-Security-Policy"]
         assert info.value.headers["X-Content-Type-Options"] == "nosniff"
-    # With the cookie but a foreign Origin, the WebSocket handshake is refused.
-    req = urllib.request.Request(
-        base + "/viewer/ws",
-        headers={
-            "Cookie": f"corral_viewer={running_view.token}",
-            "Origin": "http://evil.example",
-            "Connection": "Upgrade",
-            "Upgrade": "websocket",
-            "Sec-WebSocket-Version": "13",
-            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
-        },
-    )
-    with pytest.raises(urllib.error.HTTPError) as info:
-        urllib.request.urlopen(req, timeout=5)
-    info.value.close()
-    assert info.value.code == 403
+    cookie = f"corral_dash={running_view.token}"
+    # The dashboard's gate covers the viewer's WebSocket: a foreign Origin with
+    # the cookie, and the page's own Origin without it, are both refused.
+    for headers in (
+        {"Cookie": cookie, "Origin": "http://evil.example"},
+        {"Origin": running_view.origin},
+        {"Cookie": cookie},
+    ):
+        assert _ws_handshake(base, headers) == 403, headers
+    # The control: the same handshake with both is let through.
+    assert _ws_handshake(base, {"Cookie": cookie, "Origin": running_view.origin}) == 101
+
+
+def _ws_handshake(base: str, headers: dict[str, str]) -> int:
+    import http.client
+
+    host = base.removeprefix("http://")
+    conn = http.client.HTTPConnection(host, timeout=5)
+    try:
+        conn.request(
+            "GET",
+            "/viewer/ws",
+            headers={
+                "Host": host,
+                "Connection": "Upgrade",
+                "Upgrade": "websocket",
+                "Sec-WebSocket-Version": "13",
+                "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+                **headers,
+            },
+        )
+        resp = conn.getresponse()
+        if resp.status == 403:
+            assert "default-src 'self'" in resp.headers["Content-Security-Policy"]
+        return resp.status
+    finally:
+        conn.close()
+
+
+def test_the_viewer_is_served_by_the_dashboard(page: tuple[Any, list[str]]) -> None:
+    pg, _ = page
+    # The dashboard's own runs page is on the same origin, behind the same cookie.
+    resp = pg.request.get(pg.url.split("/viewer", 1)[0] + "/")
+    assert resp.status == 200 and "<h1>Runs</h1>" in resp.text()
+    assert resp.headers["x-content-type-options"] == "nosniff"

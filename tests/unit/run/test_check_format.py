@@ -117,7 +117,7 @@ def test_bad_step_is_a_mission_error(bad: str, want: str) -> None:
         ('env = { "A B" = "x" }', "is not a variable name"),
         ('memory = "8G"', "memory is more than limits.run_memory"),
         ('expect_regex = "x"', "expect_regex need 'http'"),
-        ('http = "GET /"', "give exactly one of 'run', 'http' and 'steps'"),
+        ('http = "GET /"', "give exactly one of 'run', 'http', 'steps' and 'browser'"),
     ],
 )
 def test_bad_check_keys(bad: str, want: str) -> None:

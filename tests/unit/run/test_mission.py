@@ -55,7 +55,7 @@ def test_good_mission_parses() -> None:
     assert m.scenario_path == Path("/x/demo/scenario.yaml")
 
 
-@pytest.mark.parametrize("example", ["todo-cli", "todo-api", "todo-steps"])
+@pytest.mark.parametrize("example", ["todo-cli", "todo-api", "todo-steps", "todo-ui"])
 def test_examples_load(example: str) -> None:
     m = load_mission(EXAMPLES / example / "MISSION.md")
     assert m.name == example
@@ -109,7 +109,7 @@ def test_bad_value_in_second_check_points_at_it() -> None:
 
 def test_check_needs_exactly_one_of_run_and_http() -> None:
     text = GOOD.replace('run = "python3 -m pytest -q"\n', "")
-    assert "give exactly one of 'run', 'http' and 'steps'" in _error(text)
+    assert "give exactly one of 'run', 'http', 'steps' and 'browser'" in _error(text)
 
 
 def test_malformed_http_check() -> None:

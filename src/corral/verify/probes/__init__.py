@@ -7,6 +7,7 @@ from corral.verify.probes import (
     audit,
     broker_control,
     broker_tls,
+    browser_check,
     files,
     footprint,
     host_executed,
@@ -57,6 +58,7 @@ def all_probes() -> list[Probe]:
         *broker_tcp_mod.PROBES,
         *broker_control.PROBES,
         *check_reasons_mod.PROBES,
+        *browser_check.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:
