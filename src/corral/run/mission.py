@@ -463,7 +463,7 @@ class Check(BaseModel):
         return "browser" if self.browser is not None else "http"
 
     def http_steps(self) -> tuple[HttpStep, ...]:
-        """The requests of an http check (one for `http = ...`); () for a `run` or `browser` check."""
+        """The requests of an http check (one for `http = ...`); () for `run` and `browser`."""
         if self.http is None:
             return self.steps
         return (HttpStep.model_validate(self.model_dump(include={"http", *_STEP_KEYS})),)
