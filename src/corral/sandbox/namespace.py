@@ -138,7 +138,7 @@ def landlock_rules_for(spec: SandboxSpec) -> dict[str, object]:
         "read_write": rw,
         "scope_abstract_unix": True,
         "scope_signal": True,
-        "log_new_exec": False,
+        "log_new_exec": True,
     }
 
 
