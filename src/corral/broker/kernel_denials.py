@@ -23,7 +23,15 @@ if TYPE_CHECKING:
     from corral.broker.actions import Identity, Observation
     from corral.broker.journal import Journal
 
-__all__ = ["MAX_ROWS_PER_SANDBOX", "KernelDenialWatch", "denial_observation", "unavailable_reason"]
+__all__ = [
+    "MAX_ROWS_PER_SANDBOX",
+    "KernelDenialWatch",
+    "denial_observation",
+    "open_watch",
+    "unavailable_reason",
+    "unwatch_running",
+    "watch_running",
+]
 
 MAX_ROWS_PER_SANDBOX = 1000
 _MAX_KNOWN_PIDS = 65536
@@ -225,3 +233,33 @@ class KernelDenialWatch:
             f"(limit {MAX_ROWS_PER_SANDBOX} per sandbox)",
             detail={"dropped": w.dropped},
         )
+
+
+# --- what `corral exec` and a run's session call --------------------------------
+
+
+def open_watch(stack: contextlib.ExitStack, journal: Journal | None) -> KernelDenialWatch | None:
+    """A watch closed by `stack`, opened before the sandbox starts (so no early
+    denial is missed); None without a journal or when kernel audit is off."""
+    if journal is None:
+        return None
+    watch = KernelDenialWatch.open(journal)
+    if watch is not None:
+        stack.callback(watch.close)
+    return watch
+
+
+def watch_running(watch: KernelDenialWatch | None, running: object, identity: Identity) -> None:
+    """Attribute the denials in `running`'s cgroup to `identity` (a handle without one: none)."""
+    cgroup = getattr(running, "cgroup", None)
+    relpath = getattr(cgroup, "relpath", None)
+    pids = getattr(cgroup, "pids", None)
+    if watch is not None and isinstance(relpath, str) and callable(pids):
+        watch.watch(relpath, identity, pids)
+
+
+def unwatch_running(watch: KernelDenialWatch | None, running: object) -> None:
+    """Journal what the kernel already reported for `running`, then stop attributing to it."""
+    relpath = getattr(getattr(running, "cgroup", None), "relpath", None)
+    if watch is not None and isinstance(relpath, str):
+        watch.unwatch(relpath)

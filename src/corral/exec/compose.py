@@ -17,7 +17,6 @@ if TYPE_CHECKING:
 
     from corral.broker.attach import EgressBroker
     from corral.broker.journal import Journal
-    from corral.broker.kernel_denials import KernelDenialWatch
     from corral.sandbox.backend import Sandbox
     from corral.sandbox.nodns import NoEgressDns
     from corral.sandbox.terminal import PtyRelay
@@ -136,41 +135,6 @@ def _journal_outcome(
         journal.append(obs)
 
 
-def _kernel_denials(
-    stack: contextlib.ExitStack, journal: Journal | None, backend: BackendConfig
-) -> KernelDenialWatch | None:
-    """The reader of kernel-audit denials when there is a journal and audit is on (else None).
-
-    Only the namespace backend's Landlock and seccomp run in the host kernel.
-    """
-    if journal is None or backend.kind != "namespace":
-        return None
-    from corral.broker.kernel_denials import KernelDenialWatch
-
-    watch = KernelDenialWatch.open(journal)
-    if watch is not None:
-        stack.callback(watch.close)
-    return watch
-
-
-def _watch_denials(
-    watch: KernelDenialWatch | None, *, spec: SandboxSpec, run: str, running: Sandbox
-) -> None:
-    cgroup = getattr(running, "cgroup", None)
-    if watch is None or cgroup is None:
-        return
-    from corral.broker.actions import Identity
-
-    who = Identity(run=run, session=spec.session_id, env=spec.env_kind)
-    watch.watch(cgroup.relpath, who, cgroup.pids)
-
-
-def _unwatch_denials(watch: KernelDenialWatch | None, running: Sandbox) -> None:
-    cgroup = getattr(running, "cgroup", None)
-    if watch is not None and cgroup is not None:
-        watch.unwatch(cgroup.relpath)
-
-
 def _terminal_relay(stack: contextlib.ExitStack) -> PtyRelay | None:
     """A pty for the sandbox when corral's stdio has a terminal (closed by `stack`)."""
     ttys = tuple(os.isatty(fd) for fd in range(3))
@@ -287,7 +251,9 @@ def execute(
             from corral.broker.unix_journal import unix_observer
 
             observer = unix_observer(jw, spec=spec, run=run)
-        kdenials = _kernel_denials(stack, jw, backend)
+        from corral.broker.kernel_denials import open_watch, unwatch_running, watch_running
+
+        kdenials = open_watch(stack, jw)
         nodns: NoEgressDns | None = None
         # The responder listens in the sandbox's own netns; gVisor and the
         # microVM have their own network stacks and no host-side loopback to use.
@@ -320,13 +286,16 @@ def execute(
                         detail={"layer": layer},
                     )
             _journal_protect(jw, spec=spec, run=run, state=running.layers.get("protect"))
-            _watch_denials(kdenials, spec=spec, run=run, running=running)
+            from corral.broker.actions import Identity
+
+            who = Identity(run=run, session=spec.session_id, env=spec.env_kind)
+            watch_running(kdenials, running, who)
             try:
                 result = running.wait(spec.limits.timeout_s)
             except interrupted_exc as exc:
                 signum = int(getattr(exc, "signum", 15))
                 result = running.interrupt(signum)
-            _unwatch_denials(kdenials, running)
+            unwatch_running(kdenials, running)
         finally:
             if running is not None:
                 with contextlib.suppress(Exception):

@@ -116,9 +116,7 @@ def test_a_sandbox_cannot_forge_an_audit_record(
     audit_on: None, corral_exec: ExecFn, tmp_path: Path
 ) -> None:
     journal = tmp_path / "j.sqlite"
-    out = corral_exec(
-        "python3", "-c", FORGE, opts=("--journal", str(journal), "--run", "run-kd3")
-    )
+    out = corral_exec("python3", "-c", FORGE, opts=("--journal", str(journal), "--run", "run-kd3"))
     assert out.code == 0, out.stderr
     # The kernel refuses audit netlink from a non-initial user namespace (no
     # CAP_AUDIT_WRITE there) ...
