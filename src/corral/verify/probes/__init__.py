@@ -25,6 +25,7 @@ from corral.verify.probes import (
     viewer,
 )
 from corral.verify.probes import broker_tcp as broker_tcp_mod
+from corral.verify.probes import kernel_denials as kernel_denials_mod
 from corral.verify.probes._prelude import PRELUDE
 
 __all__ = ["PRELUDE", "all_probes"]
@@ -53,6 +54,7 @@ def all_probes() -> list[Probe]:
         *broker_tls.PROBES,
         *viewer.PROBES,
         *broker_tcp_mod.PROBES,
+        *kernel_denials_mod.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:
