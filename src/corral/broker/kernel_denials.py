@@ -29,8 +29,6 @@ __all__ = [
     "denial_observation",
     "open_watch",
     "unavailable_reason",
-    "unwatch_running",
-    "watch_running",
 ]
 
 MAX_ROWS_PER_SANDBOX = 1000
@@ -137,6 +135,20 @@ class KernelDenialWatch:
         with self._lock:
             self._watched[relpath.strip("/")] = _Watched(identity, pids)
         self._poll_pids()
+
+    def watch_running(self, running: object, identity: Identity) -> None:
+        """`watch` the cgroup of a sandbox handle (a handle without one: nothing)."""
+        cgroup = getattr(running, "cgroup", None)
+        relpath = getattr(cgroup, "relpath", None)
+        pids = getattr(cgroup, "pids", None)
+        if isinstance(relpath, str) and callable(pids):
+            self.watch(relpath, identity, pids)
+
+    def unwatch_running(self, running: object) -> None:
+        """`unwatch` the cgroup of a sandbox handle."""
+        relpath = getattr(getattr(running, "cgroup", None), "relpath", None)
+        if isinstance(relpath, str):
+            self.unwatch(relpath)
 
     def unwatch(self, relpath: str) -> None:
         """Read what the kernel already queued, then forget `relpath` (journals the overflow)."""
@@ -247,19 +259,3 @@ def open_watch(stack: contextlib.ExitStack, journal: Journal | None) -> KernelDe
     if watch is not None:
         stack.callback(watch.close)
     return watch
-
-
-def watch_running(watch: KernelDenialWatch | None, running: object, identity: Identity) -> None:
-    """Attribute the denials in `running`'s cgroup to `identity` (a handle without one: none)."""
-    cgroup = getattr(running, "cgroup", None)
-    relpath = getattr(cgroup, "relpath", None)
-    pids = getattr(cgroup, "pids", None)
-    if watch is not None and isinstance(relpath, str) and callable(pids):
-        watch.watch(relpath, identity, pids)
-
-
-def unwatch_running(watch: KernelDenialWatch | None, running: object) -> None:
-    """Journal what the kernel already reported for `running`, then stop attributing to it."""
-    relpath = getattr(getattr(running, "cgroup", None), "relpath", None)
-    if watch is not None and isinstance(relpath, str):
-        watch.unwatch(relpath)

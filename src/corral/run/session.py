@@ -296,7 +296,8 @@ def _agent(
     finally:
         out.close_writer()
         err.close_writer()
-    kernel_denials.watch_running(kdenials, running, ident)
+    if kdenials is not None:
+        kdenials.watch_running(running, ident)
     broker_pid = egress.process.pid if egress.process else None
     if broker_pid is not None:
         hooks.on_broker(broker_pid)
@@ -329,7 +330,8 @@ def _agent(
         else:
             result = running.interrupt(signal.SIGKILL)
     finally:
-        kernel_denials.unwatch_running(kdenials, running)
+        if kdenials is not None:
+            kdenials.unwatch_running(running)
         running.close()
         egress.stop()
     journal_outcome(journal, ident, result, spec.limits)

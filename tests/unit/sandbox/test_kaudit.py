@@ -232,3 +232,17 @@ def test_fuzz_correlator_never_raises(events: list[tuple[int, int, list[tuple[st
 def test_fuzz_split_netlink_never_raises(buf: bytes) -> None:
     for _mtype, payload in split_netlink(buf):
         assert len(payload) <= len(buf)
+
+
+def test_compiled_init_is_asked_to_log_seccomp_and_landlock_after_exec() -> None:
+    from corral.sandbox import landlock
+    from corral.sandbox.namespace import init_command, landlock_rules_for
+    from corral.sandbox.spec import SandboxSpec
+
+    spec = SandboxSpec(argv=("true",), workspace="/w", env=())
+    argv, _, _ = init_command(spec, binary="/b", abi=7, status_fd=3, seccomp_log_fd=11)
+    assert argv[argv.index("--seccomp-log") + 1] == "11"
+    assert argv.index("--seccomp-log") < argv.index("--")
+    ll = argv.index("--ll")
+    assert int(argv[ll + 5]) & landlock.LOG_NEW_EXEC_ON
+    assert landlock_rules_for(spec)["log_new_exec"] is True
