@@ -173,3 +173,14 @@ def _postgresql() -> str | None:
 
 
 PROBES["requires_postgresql"] = ("a PostgreSQL server can be started by the test", _postgresql)
+
+
+# --- requires_audit (issue 15, kernel denials) --------------------------------
+@functools.cache
+def _audit() -> str | None:
+    # Audit may be off (corral never turns it on; tests do, for their
+    # duration): what the marker needs is that the flag can be read and set.
+    return None if probe.kernel_audit_enabled() is not None else "kernel audit cannot be queried"
+
+
+PROBES["requires_audit"] = ("kernel audit can be queried and switched (CAP_AUDIT_CONTROL)", _audit)

@@ -357,23 +357,28 @@ def kernel_audit_enabled() -> bool | None:
 
 
 def probe_audit() -> LayerStatus:
+    """Whether Landlock and seccomp denials reach the journal (corral never turns audit on)."""
     enabled = kernel_audit_enabled()
     if enabled is None:
         return LayerStatus(
             "audit",
             False,
-            "the kernel audit subsystem cannot be queried",
-            "seccomp/Landlock denials are then not reported by the kernel",
+            "the kernel audit subsystem cannot be queried (no audit support or no "
+            "CAP_AUDIT_CONTROL): Landlock and seccomp denials are not journaled "
+            "(they are denied all the same)",
+            "a kernel with CONFIG_AUDIT, run corral as root, then `auditctl -e 1`",
         )
     if not enabled:
         return LayerStatus(
             "audit",
             False,
-            "kernel audit is disabled: seccomp and Landlock denials are not reported "
-            "(denied all the same), so they cannot be journaled",
-            "boot with audit=1 or run `auditctl -e 1` to have them reported",
+            "kernel audit is disabled: the kernel does not report Landlock and seccomp "
+            "denials, so they are not journaled (they are denied all the same)",
+            "run `auditctl -e 1` (or boot with audit=1) to have them journaled",
         )
-    return LayerStatus("audit", True, "kernel audit is enabled")
+    return LayerStatus(
+        "audit", True, "kernel audit is enabled: Landlock and seccomp denials are journaled"
+    )
 
 
 def all_layers() -> list[LayerStatus]:

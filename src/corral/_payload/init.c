@@ -5,12 +5,15 @@
  * compiler is available; the Landlock ruleset is decided on the host by
  * corral.sandbox.landlock.plan() and handed over as numbers:
  *
- *   corral-init STATUS_FD [--hold FD] [--ll ABI HANDLED_FS HANDLED_NET SCOPED FLAGS]
+ *   corral-init STATUS_FD [--hold FD] [--seccomp-log FD]
+ *               [--ll ABI HANDLED_FS HANDLED_NET SCOPED FLAGS]
  *               [--path MASK PATH]... [--port ACCESS PORT]... -- CMD [ARG...]
  *
  * 0. makes itself non-dumpable, so the command (same uid, no capabilities)
  *    cannot open /proc/<init>/mem, /proc/<init>/fd/N or ptrace it;
  * 1. applies Landlock (fail closed: any error -> exit 125, command never runs);
+ * 1b. with --seccomp-log, loads bwrap's seccomp program a second time with
+ *    SECCOMP_FILTER_FLAG_LOG (see log_seccomp);
  * 2. resolves CMD on PATH (127 when not found, like sh);
  * 3. forks; the child enters a nested Landlock domain (so it can neither
  *    ptrace nor, with ABI >= 6, signal the init, which stays in the parent
@@ -34,6 +37,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -158,6 +163,29 @@ static int nest_landlock(const uint64_t ll[5]) {
     return 0;
 }
 
+/* bwrap loads the filter with prctl(PR_SET_SECCOMP), which takes no flags, so
+ * its SECCOMP_RET_ERRNO results are never audited. The same program loaded
+ * again with SECCOMP_FILTER_FLAG_LOG returns the same action for every
+ * syscall; of equal actions the kernel takes the most recently loaded
+ * filter's, so a denial is now audited. It cannot loosen anything: stacked
+ * filters only add restrictions. Logging is not a protection layer: when it
+ * cannot be set up the command runs anyway and the host sees no "seccomp_log". */
+static void log_seccomp(int fd) {
+    static struct sock_filter insns[BPF_MAXINSNS + 1];
+    size_t got = 0;
+    while (got < sizeof insns) {
+        ssize_t n = read(fd, (char *)insns + got, sizeof insns - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        got += (size_t)n;
+    }
+    close(fd);
+    if (got == 0 || got % sizeof insns[0] || got > BPF_MAXINSNS * sizeof insns[0]) return;
+    struct sock_fprog prog = {(unsigned short)(got / sizeof insns[0]), insns};
+    if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_LOG, &prog) != 0) return;
+    report("{\"event\": \"seccomp_log\"}");
+}
+
 static int which(const char *cmd, char *out, size_t cap) {
     if (strchr(cmd, '/')) {
         if (access(cmd, F_OK) != 0) return -1;
@@ -195,7 +223,7 @@ int main(int argc, char **argv) {
     static struct path_rule paths[MAX_RULES];
     static struct port_rule ports[MAX_RULES];
     uint64_t ll[5] = {0};
-    int have_ll = 0, npaths = 0, nports = 0, i = 2;
+    int have_ll = 0, npaths = 0, nports = 0, i = 2, seccomp_log_fd = -1;
 
     if (argc < 3) {
         fprintf(stderr, "corral-init: usage: corral-init STATUS_FD [--ll ...] [--path MASK PATH]... -- CMD...\n");
@@ -213,6 +241,10 @@ int main(int argc, char **argv) {
             hold_fd = atoi(argv[++i]);
             if (hold_fd < 0 || fcntl(hold_fd, F_SETFD, FD_CLOEXEC) != 0)
                 return refuse(NULL, EXIT_REFUSED, "corral-init: bad --hold descriptor");
+        } else if (strcmp(argv[i], "--seccomp-log") == 0 && i + 1 < argc) {
+            seccomp_log_fd = atoi(argv[++i]);
+            if (seccomp_log_fd < 0 || fcntl(seccomp_log_fd, F_SETFD, FD_CLOEXEC) != 0)
+                return refuse(NULL, EXIT_REFUSED, "corral-init: bad --seccomp-log descriptor");
         } else if (strcmp(argv[i], "--ll") == 0 && i + 5 < argc) {
             for (int k = 0; k < 5; k++)
                 if (parse_u64(argv[i + 1 + k], &ll[k])) return refuse("landlock", EXIT_REFUSED, "bad --ll value");
@@ -238,6 +270,7 @@ int main(int argc, char **argv) {
         int rc = apply_landlock(ll, paths, npaths, ports, nports);
         if (rc) return rc;
     }
+    if (seccomp_log_fd >= 0) log_seccomp(seccomp_log_fd);
     char path[4096];
     if (which(cmd[0], path, sizeof path) != 0)
         return refuse(NULL, EXIT_NOT_FOUND, "%s: command not found in the sandbox", cmd[0]);

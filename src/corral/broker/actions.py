@@ -30,12 +30,14 @@ __all__ = [
     "FileOp",
     "HttpRequest",
     "Identity",
+    "LandlockDenial",
     "McpCall",
     "NetConnect",
     "Observation",
     "ObservationDecision",
     "ProcessEvent",
     "ProviderCall",
+    "SeccompDenial",
     "TcpConnect",
     "UnixConnect",
     "action_target",
@@ -53,6 +55,8 @@ ActionKind: TypeAlias = Literal[
     "watch",
     "tcp_connect",
     "policy",
+    "landlock",
+    "seccomp",
 ]
 KINDS: tuple[ActionKind, ...] = (
     "net_connect",
@@ -65,6 +69,8 @@ KINDS: tuple[ActionKind, ...] = (
     "watch",
     "tcp_connect",
     "policy",
+    "landlock",
+    "seccomp",
 )
 ObservationDecision: TypeAlias = Literal["allow", "deny", "observe"]
 
@@ -172,6 +178,32 @@ class UnixConnect(BaseModel):
     pid: int | None = None
 
 
+class LandlockDenial(BaseModel):
+    """A file-system access Landlock refused, as kernel audit reported it.
+
+    `access`: the Landlock blockers (e.g. `fs.write_file`); `path`: the path
+    the kernel logged, sanitized (it is sandbox-controlled text).
+    """
+
+    model_config = _FROZEN
+
+    kind: Literal["landlock"] = "landlock"
+    access: str = Field(min_length=1, max_length=128)
+    path: str = Field(max_length=1100)
+    pid: int | None = None
+
+
+class SeccompDenial(BaseModel):
+    """A syscall the seccomp filter refused, as kernel audit reported it."""
+
+    model_config = _FROZEN
+
+    kind: Literal["seccomp"] = "seccomp"
+    syscall: str = Field(min_length=1, max_length=64)
+    nr: int | None = None
+    pid: int | None = None
+
+
 Action: TypeAlias = Annotated[
     NetConnect
     | HttpRequest
@@ -180,7 +212,9 @@ Action: TypeAlias = Annotated[
     | FileOp
     | ProcessEvent
     | UnixConnect
-    | TcpConnect,
+    | TcpConnect
+    | LandlockDenial
+    | SeccompDenial,
     Field(discriminator="kind"),
 ]
 
@@ -208,6 +242,10 @@ def action_target(action: Action) -> str:
             return f"{action.event}{suffix}{' ' + action.name if action.name else ''}"
         case UnixConnect():
             return f"unix:{action.path}"
+        case LandlockDenial():
+            return f"{action.access} {action.path}"
+        case SeccompDenial():
+            return action.syscall
 
 
 class Identity(BaseModel):

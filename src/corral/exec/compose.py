@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from corral.broker.attach import EgressBroker
     from corral.broker.journal import Journal
+    from corral.broker.kernel_denials import KernelDenialWatch
     from corral.sandbox.backend import Sandbox
     from corral.sandbox.nodns import NoEgressDns
     from corral.sandbox.terminal import PtyRelay
@@ -274,6 +275,11 @@ def execute(
             from corral.broker.unix_journal import unix_observer
 
             observer = unix_observer(jw, spec=spec, run=run)
+        kdenials: KernelDenialWatch | None = None
+        if jw is not None:
+            from corral.broker.kernel_denials import open_watch
+
+            kdenials = open_watch(stack, jw)
         nodns: NoEgressDns | None = None
         # The responder listens in the sandbox's own netns; gVisor and the
         # microVM have their own network stacks and no host-side loopback to use.
@@ -306,11 +312,19 @@ def execute(
                         detail={"layer": layer},
                     )
             _journal_protect(jw, spec=spec, run=run, state=running.layers.get("protect"))
+            if kdenials is not None:
+                from corral.broker.actions import Identity
+
+                kdenials.watch_running(
+                    running, Identity(run=run, session=spec.session_id, env=spec.env_kind)
+                )
             try:
                 result = running.wait(spec.limits.timeout_s)
             except interrupted_exc as exc:
                 signum = int(getattr(exc, "signum", 15))
                 result = running.interrupt(signum)
+            if kdenials is not None:
+                kdenials.unwatch_running(running)
         finally:
             if running is not None:
                 with contextlib.suppress(Exception):

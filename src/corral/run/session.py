@@ -286,6 +286,9 @@ def _agent(
     stack.callback(err.finish)
     devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
     stack.callback(os.close, devnull)
+    from corral.broker import kernel_denials
+
+    kdenials = kernel_denials.open_watch(stack, journal)
     try:
         running = _start_sandbox(
             spec,
@@ -302,6 +305,8 @@ def _agent(
     finally:
         out.close_writer()
         err.close_writer()
+    if kdenials is not None:
+        kdenials.watch_running(running, ident)
     broker_pid = egress.process.pid if egress.process else None
     if broker_pid is not None:
         hooks.on_broker(broker_pid)
@@ -334,6 +339,8 @@ def _agent(
         else:
             result = running.interrupt(signal.SIGKILL)
     finally:
+        if kdenials is not None:
+            kdenials.unwatch_running(running)
         running.close()
         egress.stop()
     journal_outcome(journal, ident, result, spec.limits)

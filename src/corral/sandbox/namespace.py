@@ -139,7 +139,7 @@ def landlock_rules_for(spec: SandboxSpec) -> dict[str, object]:
         "read_write": rw,
         "scope_abstract_unix": True,
         "scope_signal": True,
-        "log_new_exec": False,
+        "log_new_exec": True,
     }
 
 
@@ -365,6 +365,14 @@ class NamespaceSandbox:
             err_r, err_w = os.pipe()
             fds_to_close.append(err_w)
             pass_fds = [status_w, hold_r, bwrap_status_w]
+            seccomp_log_fd = None
+            if bpf is not None and binary is not None:
+                from corral.sandbox import seccomp
+
+                # The compiled init loads it again with SECCOMP_FILTER_FLAG_LOG.
+                seccomp_log_fd = seccomp.bpf_fd(bpf)
+                fds_to_close.append(seccomp_log_fd)
+                pass_fds.append(seccomp_log_fd)
 
             init_argv, init_files, init_binds = init_command(
                 spec,
@@ -372,6 +380,7 @@ class NamespaceSandbox:
                 abi=self._abi if use_landlock else 0,
                 status_fd=status_w,
                 hold_fd=hold_r,
+                seccomp_log_fd=seccomp_log_fd,
             )
             data_fds: list[int] = []
             for dest, content in _data_files(spec, init_files):
@@ -1044,18 +1053,28 @@ class NamespaceBackend:
 
 
 def init_command(
-    spec: SandboxSpec, *, binary: str | None, abi: int, status_fd: int, hold_fd: int | None = None
+    spec: SandboxSpec,
+    *,
+    binary: str | None,
+    abi: int,
+    status_fd: int,
+    hold_fd: int | None = None,
+    seccomp_log_fd: int | None = None,
 ) -> tuple[tuple[str, ...], list[tuple[str, bytes]], tuple[tuple[str, str], ...]]:
     """How bwrap starts the init: (argv, files to place, read-only binds).
 
     `abi` 0 means no Landlock. The compiled init gets the ruleset decided here
     by `landlock.plan` as numbers; the Python init gets the rules as JSON and
     its landlock module. With `hold_fd` the init waits, after the command
-    exits, until the host closes that pipe (see RunningSandbox.wait).
+    exits, until the host closes that pipe (see RunningSandbox.wait). With
+    `seccomp_log_fd` (compiled init only) the init loads that seccomp program
+    again with SECCOMP_FILTER_FLAG_LOG so that its denials are audited.
     """
     hold = ("--hold", str(hold_fd)) if hold_fd is not None else ()
     if binary is not None:
         args: list[str] = [*hold]
+        if seccomp_log_fd is not None:
+            args += ["--seccomp-log", str(seccomp_log_fd)]
         if abi:
             from corral.sandbox import landlock
 

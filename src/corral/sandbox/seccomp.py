@@ -15,10 +15,11 @@ Semantics of the compiled filter: every syscall not in the table is allowed;
 a table hit returns its errno; a syscall from any other ABI than the native one
 (i386 via `int 0x80`, x32 numbers on x86_64) kills the whole process.
 
-Denials are not audit-logged: the kernel logs SECCOMP_RET_ERRNO results only
-for filters loaded with SECCOMP_FILTER_FLAG_LOG, a load-time flag that
-bubblewrap (`prctl(PR_SET_SECCOMP)`) does not pass; the bytes cannot carry it.
-Kills (foreign ABIs) are always logged.
+The kernel audits SECCOMP_RET_ERRNO results only for filters loaded with
+SECCOMP_FILTER_FLAG_LOG, a load-time flag that bubblewrap
+(`prctl(PR_SET_SECCOMP)`) does not pass and the bytes cannot carry; the
+compiled init therefore loads the same program a second time with that flag
+(`init.c`, `--seccomp-log`). Kills (foreign ABIs) are always logged.
 """
 
 from __future__ import annotations

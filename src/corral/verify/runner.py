@@ -864,11 +864,14 @@ class _Suite:
                 p, "not-applicable", "kill(-1) without a PID namespace would hit every host process"
             )
         if "kernel-audit" in p.needs and not _kernel_audit():
+            from corral.broker.kernel_denials import unavailable_reason
+
+            why = unavailable_reason() or "kernel audit is off"
             return Skipped(
                 p,
                 "not-applicable",
-                "the kernel's audit subsystem is disabled here, so the kernel reports no seccomp "
-                "or Landlock denial that anyone could journal (the denials themselves hold)",
+                f"{why}: the kernel reports no seccomp or Landlock denial that anyone could "
+                "journal (the denials themselves hold)",
             )
         if self.backend.kind == "peer":
             if "corral-options" in p.needs:

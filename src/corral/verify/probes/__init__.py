@@ -28,6 +28,7 @@ from corral.verify.probes import (
 )
 from corral.verify.probes import broker_tcp as broker_tcp_mod
 from corral.verify.probes import check_reasons as check_reasons_mod
+from corral.verify.probes import kernel_denials as kernel_denials_mod
 from corral.verify.probes._prelude import PRELUDE
 
 __all__ = ["PRELUDE", "all_probes"]
@@ -59,6 +60,7 @@ def all_probes() -> list[Probe]:
         *broker_control.PROBES,
         *check_reasons_mod.PROBES,
         *browser_check.PROBES,
+        *kernel_denials_mod.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:

@@ -192,7 +192,7 @@ PROBES: list[Probe] = [
           r, e = sysc("bpf", 0, attr, 128)
           sys_result("bpf", r, e)
           """),
-        JournalHas((), ("seccomp", "bpf")),
+        JournalHas(("seccomp", "bpf")),
         needs=_KERNEL_AUDIT_JOURNAL,
     ),
     Probe(
@@ -207,7 +207,7 @@ PROBES: list[Probe] = [
           except OSError as e:
               print("listdir /:", errname(e.errno))
           """),
-        JournalHas((), ("landlock",)),
+        JournalHas(("landlock", "fs.read_dir")),
         needs=_KERNEL_AUDIT_JOURNAL,
     ),
     Probe(
