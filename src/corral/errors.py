@@ -12,7 +12,8 @@ CorralError
 ├── PolicyError(CorralError, ValueError)       a policy is malformed (always denies)
 ├── ProviderError(CorralError, RuntimeError)   synthetic provider / scenario failures
 ├── AgentError(CorralError, RuntimeError)      an agent CLI adapter failed
-└── RunDiskError(CorralError, OSError)         a run's quota'd disk image failed
+├── RunDiskError(CorralError, OSError)         a run's quota'd disk image failed
+└── HelperError(CorralError, RuntimeError)     a run's helper could not join, died, misspoke
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ __all__ = [
     "CgroupError",
     "ConfigError",
     "CorralError",
+    "HelperError",
     "JournalError",
     "LayerUnavailableError",
     "PolicyError",
@@ -93,3 +95,7 @@ class AgentError(CorralError, RuntimeError):
 
 class RunDiskError(CorralError, OSError):
     """A run's disk image could not be made, mounted or unmounted."""
+
+
+class HelperError(CorralError, RuntimeError):
+    """A run's helper process (provider, report) could not join the run cgroup, died or misspoke."""
