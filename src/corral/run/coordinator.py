@@ -61,7 +61,7 @@ from corral.run.mission import Mission, ProviderRef, parse_mission, parse_provid
 from corral.run.pause import wait_unpaused
 from corral.run.progress import Progress
 from corral.run.prompt import build_prompt
-from corral.run.runcg import RunCgroup
+from corral.run.runcg import HELPER_GROUPS, RunCgroup
 from corral.run.rundisk import create_run_disk
 from corral.run.session import SessionHooks, SessionPlan, run_session
 from corral.run.session import read_tail as _read_tail
@@ -369,7 +369,11 @@ class Coordinator:
                 self._cg.helper_procs("provider"),
                 self.layout.root / "helpers" / "provider.log",
             )
-            self._provider_url = self._provider.start()
+            try:
+                self._provider_url = self._provider.start()
+            except HelperError as exc:
+                self._journal_event("helper_failed", str(exc)[:500], decision="deny")
+                raise
         else:
             # Each session's broker inherits corral's environment, where the
             # route's `env:NAME` credential is read (as in `corral agent run`).
@@ -454,6 +458,11 @@ class Coordinator:
         store.update_run(state=state, end_reason=reason, peak_memory=peak, coordinator_pid=None)
         store.event("run_end", state=state, reason=reason)
         self._write_report(store)
+        if self._cg is not None and self._cg.exists():
+            # The kernel's peaks of corral's own helpers, kept past the sweep.
+            store.event(
+                "helper_peaks", **{name: self._cg.helper_peak(name) for name in HELPER_GROUPS}
+            )
         self.progress.update(state=state, activity=reason)
         return state
 
