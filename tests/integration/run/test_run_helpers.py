@@ -149,33 +149,34 @@ def test_json_bombs_are_charged_to_the_run_not_to_the_coordinator(tmp_path: Path
         tmp_path, BOMB_SCENARIO.replace("BOMB_JSON", json.dumps(BOMB)), check_timeout="5s"
     )
     armed = run_dir / "workspace" / "armed"
+    seen = False
     base_coord = base_provider = provider_peak = coord_peak = 0
     try:
         while proc.poll() is None:
             # Both are kernel high-water marks: the last value read is the peak so far.
             coord_peak = max(coord_peak, _hwm(proc.pid))
-            if (run_dir / "state.sqlite").exists() and not base_provider and armed.exists():
+            if not seen and armed.exists():
                 # Before the first bomb (the agent sleeps after arming).
+                seen = True
                 base_coord = _hwm(proc.pid)
                 base_provider = _read_int(_peak_file(rid, "provider"))
-            if base_provider:
+            if seen:
                 provider_peak = max(provider_peak, _read_int(_peak_file(rid, "provider")))
             time.sleep(0.05)
     finally:
         _finish(proc, 1)
+    grew, coord_grew = provider_peak - base_provider, coord_peak - base_coord
+    print(
+        f"provider helper peak {base_provider / MiB:.1f} -> {provider_peak / MiB:.1f} MiB; "
+        f"coordinator VmHWM {base_coord / MiB:.1f} -> {coord_peak / MiB:.1f} MiB"
+    )
     # Refused by the value bound, before any object is built.
     assert (run_dir / "workspace" / "bomb-status").read_text() == "400 400 400"
     assert base_provider > 0, "the provider helper was never in its run cgroup"
     # The provider read each 7.5 MiB body (and copied it to scan it) before refusing it:
     # the kernel charged that to the run's provider helper...
-    grew = provider_peak - base_provider
-    print(
-        f"provider helper peak {base_provider / MiB:.1f} -> {provider_peak / MiB:.1f} MiB; "
-        f"coordinator VmHWM {base_coord / MiB:.1f} -> {coord_peak / MiB:.1f} MiB"
-    )
     assert grew >= 6 * MiB, f"provider helper peak grew {grew / MiB:.1f} MiB"
     # ...and the coordinator never held it.
-    coord_grew = coord_peak - base_coord
     assert coord_grew < 4 * MiB, f"coordinator VmHWM grew {coord_grew / MiB:.1f} MiB"
 
 
