@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -29,6 +30,8 @@ from corral.errors import HelperError
 from corral.run.helpers import ProviderHelper
 from corral.run.store import Store
 from tests.integration.run.helpers import (
+    corral,
+    env_with,
     in_phase,
     journal_events,
     new_id,
@@ -123,10 +126,12 @@ def _helpers_of(rid: str) -> list[psutil.Process]:
 
 
 def _run(
-    tmp_path: Path, scenario: str, **knobs: float
+    tmp_path: Path, scenario: str | None, **knobs: float
 ) -> tuple[str, Path, subprocess.Popen[bytes]]:
-    mission = write_mission(tmp_path / "m", max_sessions=1, **knobs)  # type: ignore[arg-type]
-    (tmp_path / "m" / "scenario.yaml").write_text(scenario)
+    knobs.setdefault("max_sessions", 1)
+    mission = write_mission(tmp_path / "m", **knobs)  # type: ignore[arg-type]
+    if scenario is not None:
+        (tmp_path / "m" / "scenario.yaml").write_text(scenario)
     rid = new_id()
     runs = tmp_path / "runs"
     proc = start_corral(
@@ -280,3 +285,51 @@ def test_a_helper_that_cannot_join_the_run_cgroup_is_refused(tmp_path: Path) -> 
         helper.stop()
     # The provider never ran (it would have opened its transcript).
     assert not marker.exists()
+
+
+GIT_SPY = """#!/bin/sh
+skip=0; sub=
+for a in "$@"; do
+  if [ $skip = 1 ]; then skip=0; elif [ "$a" = -c ]; then skip=1; else sub=$a; break; fi
+done
+echo "$sub $(grep -E ':memory:|^0::' /proc/self/cgroup | tr '\\n' ' ')" >> LOG
+exec REAL "$@"
+"""
+
+
+def test_the_workspace_reset_at_recovery_is_charged_to_the_run(tmp_path: Path) -> None:
+    # Killed once session 1's work is committed: recovery resets the workspace to it.
+    rid, run_dir, proc = _run(tmp_path, None, max_sessions=2, product_sleep=30)
+    try:
+        wait_for(lambda: in_phase(run_dir, 1, "product"), 30, "session 1's product")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        _finish(proc, 1)
+    # Every git the resumed coordinator runs goes through a spy that records its cgroup.
+    spy_dir, log = tmp_path / "spy", tmp_path / "git.log"
+    spy_dir.mkdir()
+    real = shutil.which("git")
+    assert real is not None
+    (spy_dir / "git").write_text(GIT_SPY.replace("LOG", str(log)).replace("REAL", real))
+    (spy_dir / "git").chmod(0o755)
+    env = env_with(PATH=f"{spy_dir}:{os.environ['PATH']}")
+    corral(
+        "resume",
+        rid,
+        "--plain",
+        "--runs-dir",
+        str(run_dir.parent),
+        cwd=tmp_path,
+        env=env,
+        timeout=90,
+    )
+    with Store(run_dir / "state.sqlite", readonly=True) as s:
+        assert s.sessions()[0].state == "interrupted"
+    calls = log.read_text().splitlines()
+    # The reset (ls-tree, then archive of the last commit) ran first, before any session.
+    subs = [c.split()[0] for c in calls]
+    before_commit = subs[: subs.index("write-tree")] if "write-tree" in subs else subs
+    assert "archive" in before_commit, subs
+    outside = [c for c in calls if f"/corral/run-{rid}/helpers" not in c]
+    assert not outside, outside
