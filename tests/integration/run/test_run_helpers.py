@@ -126,7 +126,7 @@ def _helpers_of(rid: str) -> list[psutil.Process]:
 
 
 def _run(
-    tmp_path: Path, scenario: str | None, **knobs: float
+    tmp_path: Path, scenario: str | None, **knobs: float | str
 ) -> tuple[str, Path, subprocess.Popen[bytes]]:
     knobs.setdefault("max_sessions", 1)
     mission = write_mission(tmp_path / "m", **knobs)  # type: ignore[arg-type]
