@@ -251,10 +251,19 @@ class Coordinator:
     def _helper_gone(self) -> HelperError | None:
         return self._provider.dead() if self._provider is not None else None
 
+    def _served(self) -> int:
+        """Tokens the synthetic provider served so far (0 without one)."""
+        if self._provider is None:
+            return 0
+        if self._stop_signal is not None and self._provider.dead() is not None:
+            return self._provider.last_tokens  # killed by the stop
+        return self._provider.tokens_served
+
     def _check_helpers(self) -> None:
         """Raise (journaled) when a helper of the run died: the run cannot go on without it."""
         gone = self._helper_gone()
-        if gone is not None:
+        # A stop kills every process of the run, helpers too: that is no failure.
+        if gone is not None and self._stop_signal is None:
             self._journal_event("helper_died", str(gone)[:500], decision="deny")
             raise gone
 
@@ -368,6 +377,7 @@ class Coordinator:
                 self.layout.transcripts / "provider.jsonl",
                 self._cg.helper_procs("provider"),
                 self.layout.root / "helpers" / "provider.log",
+                paused=store.paused,
             )
             try:
                 self._provider_url = self._provider.start()
@@ -403,7 +413,7 @@ class Coordinator:
             try:
                 passed = self._session_loop(store, n)
             except _Stop:
-                gone = self._helper_gone()
+                gone = self._helper_gone() if self._stop_signal is None else None
                 store.end_session(
                     n,
                     state="interrupted",
@@ -564,11 +574,11 @@ class Coordinator:
         (self.layout.session_dir(n) / "prompt.md").write_text(prompt, encoding="utf-8")
         self.progress.update(session=n, phase="agent", activity="agent session running")
         self._agent_reported = 0
-        served = self._provider.tokens_served if self._provider is not None else 0
+        served = self._served()
         end_reason, result, agent_result, broker_pid = self._agent_phase(store, n, prompt)
         self._check_helpers()
         if self._provider is not None:
-            served = self._provider.tokens_served - served
+            served = self._served() - served
         # The broker's count; with the synthetic provider also what it served
         # (both host-side; the larger wins). Never the agent's own report.
         tokens = max(agent_result.usage.total if agent_result else 0, served)

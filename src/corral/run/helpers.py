@@ -29,7 +29,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -191,11 +191,22 @@ class Helper:
 class ProviderHelper:
     """The synthetic provider in its helper: `start()` gives its URL."""
 
-    def __init__(self, scenario: Path, transcript: Path, cgroup_procs: Sequence[str], log: Path):
+    def __init__(
+        self,
+        scenario: Path,
+        transcript: Path,
+        cgroup_procs: Sequence[str],
+        log: Path,
+        paused: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """`paused`: whether the run is paused (a frozen helper answers only once thawed)."""
         self._args = (str(scenario), str(transcript))
         self._cgroup_procs = tuple(cgroup_procs)
         self._log = log
+        self._paused = paused
         self._helper: Helper | None = None
+        self.last_tokens = 0
+        """The last count the helper gave (what is known once it is gone)."""
 
     @property
     def pid(self) -> int | None:
@@ -221,10 +232,20 @@ class ProviderHelper:
         """What the provider's replies reported (HelperError if it is gone)."""
         assert self._helper is not None
         self._helper.say("tokens")
-        line = self._helper.read_line(10.0)
+        waited = 0.0
+        while True:
+            try:
+                line = self._helper.read_line(1.0)
+                break
+            except HelperError:
+                # Paused time does not count: the run may be frozen with it.
+                if self._helper.poll() is not None or (waited >= 10.0 and not self._paused()):
+                    raise
+                waited += 0.0 if self._paused() else 1.0
         if not _TOKENS.match(line):
             raise HelperError(f"the provider helper gave no token count: {line[:80]!r}")
-        return int(line.split()[1])
+        self.last_tokens = int(line.split()[1])
+        return self.last_tokens
 
     def stop(self) -> None:
         if self._helper is not None:
