@@ -226,7 +226,7 @@ turns: [{say: "nothing scripted"}]
 conversations:
   - prompt: "(?m)^Session 1 of"
     turns:
-      - calls: [{shell: "sleep 30"}]
+      - calls: [{shell: "sleep 30; touch slept"}]
       - say: "done"
 """
 
@@ -238,18 +238,16 @@ def test_provider_helper_death_fails_the_run_with_a_journaled_reason(tmp_path: P
         wait_for(lambda: bool(_helpers_of(rid)), 30, "the provider helper")
         (helper,) = _helpers_of(rid)
         assert "helper_main" in " ".join(helper.cmdline())
-        started = time.monotonic()
         helper.send_signal(signal.SIGKILL)
-        proc.wait(40)
-        took = time.monotonic() - started
+        proc.wait(90)
     finally:
         _finish(proc, 1)
     with Store(run_dir / "state.sqlite", readonly=True) as s:
         run = s.run()
     assert run.state == "failed", (run.state, run.end_reason)
     assert "provider helper died (signal 9)" in (run.end_reason or "")
-    # The session ended when the helper died, not when the agent's sleep did.
-    assert took < 25, f"the run took {took:.1f} s to end"
+    # The session was ended when the helper died: the agent never got past its sleep.
+    assert not (run_dir / "workspace" / "slept").exists()
     rows = journal_events(run_dir / "journal.sqlite", "helper_died")
     assert rows and "provider helper died" in rows[0][1], rows
 
