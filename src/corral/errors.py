@@ -13,6 +13,7 @@ CorralError
 ├── ProviderError(CorralError, RuntimeError)   synthetic provider / scenario failures
 ├── AgentError(CorralError, RuntimeError)      an agent CLI adapter failed
 ├── RunDiskError(CorralError, OSError)         a run's quota'd disk image failed
+├── HelperError(CorralError, RuntimeError)     a run's helper could not join, died, misspoke
 └── StoreError(CorralError, OSError)           the shared run store failed
     └── LeaseLostError(StoreError)             this worker no longer holds the run's lease
 
@@ -30,6 +31,7 @@ __all__ = [
     "CgroupError",
     "ConfigError",
     "CorralError",
+    "HelperError",
     "JournalError",
     "LayerUnavailableError",
     "LeaseLostError",
@@ -110,3 +112,7 @@ class StoreError(CorralError, OSError):
 
 class LeaseLostError(StoreError):
     """This worker's lease on a run expired or was taken: it must not write or act."""
+
+
+class HelperError(CorralError, RuntimeError):
+    """A run's helper process (provider, report) could not join the run cgroup, died or misspoke."""

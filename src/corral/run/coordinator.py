@@ -43,7 +43,14 @@ from corral.broker.config import BrokerConfig
 from corral.broker.journal import decision_counts as journal_counts
 from corral.broker.metering import journal_usage
 from corral.broker.unix_journal import unix_observer
-from corral.errors import AgentError, ConfigError, CorralError, LeaseLostError, UsageError
+from corral.errors import (
+    AgentError,
+    ConfigError,
+    CorralError,
+    HelperError,
+    LeaseLostError,
+    UsageError,
+)
 from corral.hostgit import TrustedRepo
 from corral.run.agent_port import RunAgent, resolve_agent
 from corral.run.environments import (
@@ -64,9 +71,7 @@ from corral.run.pause import wait_unpaused
 from corral.run.product_io import ensure_data_dir, probe_all, strip_data_setid
 from corral.run.progress import Progress
 from corral.run.prompt import build_prompt
-from corral.run.report import render_detail, render_report
-from corral.run.runcg import RunCgroup
-from corral.run.rundetail import run_detail
+from corral.run.runcg import HELPER_GROUPS, RunCgroup
 from corral.run.rundisk import create_run_disk
 from corral.run.session import SessionHooks, SessionPlan, run_session
 from corral.run.session import read_tail as _read_tail
@@ -81,7 +86,7 @@ if TYPE_CHECKING:
 
     from corral.broker.attach import EgressBroker
     from corral.broker.journal import Journal
-    from corral.provider.server import ProviderThread
+    from corral.run.helpers import ProviderHelper
     from corral.run.store_api import RunStateStore
     from corral.run.watchdog import Watchdog
     from corral.sandbox.spec import ExecResult, Limits, SandboxSpec
@@ -248,7 +253,7 @@ class Coordinator:
         self.run_id = layout.run_id
         self._stop_signal: int | None = None
         self._journal: Journal | None = None
-        self._provider: ProviderThread | None = None
+        self._provider: ProviderHelper | None = None
         self._provider_url: str | None = None
         self._forwarder: PortForwarder | None = None
         self._product_egress: EgressBroker | None = None
@@ -266,7 +271,26 @@ class Coordinator:
         self._stop_signal = signum
 
     def _stopping(self) -> bool:
-        return self._stop_signal is not None
+        return self._stop_signal is not None or self._helper_gone() is not None
+
+    def _helper_gone(self) -> HelperError | None:
+        return self._provider.dead() if self._provider is not None else None
+
+    def _served(self) -> int:
+        """Tokens the synthetic provider served so far (0 without one)."""
+        if self._provider is None:
+            return 0
+        if self._stop_signal is not None and self._provider.dead() is not None:
+            return self._provider.last_tokens  # killed by the stop
+        return self._provider.tokens_served
+
+    def _check_helpers(self) -> None:
+        """Raise (journaled) when a helper of the run died: the run cannot go on without it."""
+        gone = self._helper_gone()
+        # A stop kills every process of the run, helpers too: that is no failure.
+        if gone is not None and self._stop_signal is None:
+            self._journal_event("helper_died", str(gone)[:500], decision="deny")
+            raise gone
 
     # -- journal ----------------------------------------------------------
     def _journal_event(
@@ -364,8 +388,7 @@ class Coordinator:
         self._cg = RunCgroup.detect(self.run_id)
         if self._cg is None:
             raise CorralError("no cgroup hierarchy: a run needs its run-wide cgroup")
-        self._recover(store)
-        self._cg.create(run.memory_cap)
+        self._recover(store, run.memory_cap)
         self._start_watchdog()
         self.progress.update(
             run=self.run_id, max_sessions=run.max_sessions, memory_cap=run.memory_cap
@@ -381,14 +404,23 @@ class Coordinator:
         shutil.copyfile(CHECK_RUNNER, self.layout.tools / "check_run.py")
         shutil.copyfile(BROWSER_CHECKER, self.layout.tools / "browser_check.py")
         if self.provider_ref.kind == "synthetic":
-            from corral.provider.server import ProviderThread
+            from corral.run.helpers import ProviderHelper
 
             assert self.provider_ref.scenario is not None
-            self._provider = ProviderThread(
-                self.provider_ref.scenario,
-                transcript=self.layout.transcripts / "provider.jsonl",
+            # In its own process in the run cgroup: what the agent posts is
+            # read and parsed there, charged to the run, not to corral.
+            self._provider = ProviderHelper(
+                Path(self.provider_ref.scenario),
+                self.layout.transcripts / "provider.jsonl",
+                self._cg.helper_procs("provider"),
+                self.layout.root / "helpers" / "provider.log",
+                paused=store.paused,
             )
-            self._provider_url = self._provider.start()
+            try:
+                self._provider_url = self._provider.start()
+            except HelperError as exc:
+                self._journal_event("helper_failed", str(exc)[:500], decision="deny")
+                raise
         else:
             # Each session's broker inherits corral's environment, where the
             # route's `env:NAME` credential is read (as in `corral agent run`).
@@ -396,6 +428,7 @@ class Coordinator:
         self._forwarder = PortForwarder(self._on_forward)
         budget = self.mission.settings.token_budget
         while True:
+            self._check_helpers()
             if self._stopping():
                 return self._finish(store, "stopped", "stopped by the user")
             sessions = store.sessions()
@@ -417,15 +450,23 @@ class Coordinator:
             try:
                 passed = self._session_loop(store, n)
             except _Stop:
-                store.end_session(n, state="interrupted", end_reason="stopped by the user")
+                gone = self._helper_gone() if self._stop_signal is None else None
+                store.end_session(
+                    n,
+                    state="interrupted",
+                    end_reason="stopped by the user" if gone is None else str(gone)[:500],
+                )
+                self._check_helpers()
                 return self._finish(store, "stopped", "stopped by the user")
             if passed:
                 return self._finish(store, "passed", f"every check passed in session {n}")
 
-    def _recover(self, store: RunStateStore) -> None:
+    def _recover(self, store: RunStateStore, memory_cap: int) -> None:
         assert self._cg is not None
         interrupted = store.mark_interrupted()
         killed = self._cg.sweep() if self._cg.exists() else 0
+        # Created before the workspace reset: its git is charged to the run.
+        self._cg.create(memory_cap)
         for n in interrupted:
             self._journal_event(
                 "session_interrupted",
@@ -450,7 +491,8 @@ class Coordinator:
         token = secrets.token_hex(3)
         restored = ws.with_name(f"workspace.restore-{token}")
         # git runs with its cwd in the work tree: use the run directory for that.
-        _snapshot(TrustedRepo(self.layout.git_dir, self.layout.root), commit, restored)
+        repo = TrustedRepo(self.layout.git_dir, self.layout.root, cgroup_procs=self._git_cg())
+        _snapshot(repo, commit, restored)
         aside = ws.with_name(f"workspace.discarded-{token}")
         if ws.exists():
             ws.rename(aside)
@@ -463,43 +505,33 @@ class Coordinator:
         store.update_run(state=state, end_reason=reason, peak_memory=peak, coordinator_pid=None)
         store.event("run_end", state=state, reason=reason)
         self._write_report(store)
+        if self._cg is not None and self._cg.exists():
+            # The kernel's peaks of corral's own helpers, kept past the sweep.
+            store.event(
+                "helper_peaks", **{name: self._cg.helper_peak(name) for name in HELPER_GROUPS}
+            )
         self.progress.update(state=state, activity=reason)
         return state
 
     def _write_report(self, store: RunStateStore) -> None:
-        sessions = store.sessions()
-        allowed, denied = journal_counts(self.layout.journal, self.run_id)
-        checks = {s.n: store.checks(s.n) for s in sessions}
-        last = next((checks[s.n] for s in reversed(sessions) if checks[s.n]), [])
-        text = render_report(
-            self.mission,
-            store.run(),
-            sessions,
-            checks,
-            allowed=allowed,
-            denied=denied,
-            run_dir=str(self.layout.root),
-        )
-        text += render_detail(run_detail(self.layout.journal, self.run_id, last))
-        text += self._footprint_section()
-        tmp = self.layout.report.with_suffix(".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(self.layout.report)
+        from corral.run.helpers import render_report_in_helper
 
-    def _footprint_section(self) -> str:
-        from corral.run.plot import footprint_section
-
-        lim = self.mission.settings.limits
-        caps = {
-            "run": lim.run_memory,
-            "agent": lim.agent.memory,
-            "product": lim.product.memory,
-            "verifier": lim.verifier.memory,
-        }
+        # Rendered in the run cgroup (matplotlib and the report's inputs are
+        # charged to the run); a helper that cannot run leaves a report that
+        # says so, in corral's own words, and a journal row.
         try:
-            return footprint_section(self.layout.root, caps)
-        except (ImportError, OSError, ValueError) as exc:
-            return f"\n(footprint plot not rendered: {type(exc).__name__})\n"
+            procs = self._cg.helper_procs("report") if self._cg and self._cg.exists() else ()
+            render_report_in_helper(
+                self.layout.root, procs, self.layout.root / "helpers" / "report.log"
+            )
+        except CorralError as exc:
+            self._journal_event("report_failed", str(exc)[:500], decision="deny")
+            tmp = self.layout.report.with_suffix(".tmp")
+            tmp.write_text(
+                f"# Run {self.run_id}\n\nreport not rendered: {type(exc).__name__}\n",
+                encoding="utf-8",
+            )
+            tmp.replace(self.layout.report)
 
     def _start_watchdog(self) -> None:
         from corral.run.watchdog import Watchdog, breach_handler
@@ -579,10 +611,11 @@ class Coordinator:
         (self.layout.session_dir(n) / "prompt.md").write_text(prompt, encoding="utf-8")
         self.progress.update(session=n, phase="agent", activity="agent session running")
         self._agent_reported = 0
-        served = self._provider.tokens_served if self._provider is not None else 0
+        served = self._served()
         end_reason, result, agent_result, broker_pid = self._agent_phase(store, n, prompt)
+        self._check_helpers()
         if self._provider is not None:
-            served = self._provider.tokens_served - served
+            served = self._served() - served
         # The broker's count; with the synthetic provider also what it served
         # (both host-side; the larger wins). Never the agent's own report.
         tokens = max(agent_result.usage.total if agent_result else 0, served)

@@ -2,7 +2,9 @@
 
 Each sandbox's cgroup is created below it by the namespace backend
 (`cgroup_parent="corral/run-<id>"`); the run's brokers are moved into its
-`helpers` child. On cgroup v1 a parent's memory limit (and memsw) covers its
+`helpers` child, and corral's own per-run helper processes (the synthetic
+provider, report rendering) each into a `helpers-<name>` child, so the
+kernel counts each apart. On cgroup v1 a parent's memory limit (and memsw) covers its
 children (hierarchical accounting is always on in current kernels), so the
 kernel's peak counter of the run cgroup (`memory.max_usage_in_bytes`, or
 `memory.peak` on v2) is the run's peak, helpers included.
@@ -30,7 +32,10 @@ from corral.errors import CgroupError
 from corral.sandbox.cgroup import Cgroup, CgroupLayout, detect_layout
 from corral.sandbox.spec import Limits
 
-__all__ = ["RunCgroup", "run_cgroup_path"]
+__all__ = ["HELPER_GROUPS", "RunCgroup", "run_cgroup_path"]
+
+#: corral's own per-run helper processes, each in `helpers-<name>` (run/helpers.py).
+HELPER_GROUPS = ("provider", "report")
 
 
 def run_cgroup_path(run_id: str) -> str:
@@ -82,14 +87,32 @@ class RunCgroup:
         """Create the run cgroup (with its cap) and its `helpers` child."""
         Cgroup.create(self.layout, self.relpath, Limits(memory_bytes=memory_cap))
         Cgroup.create(self.layout, f"{self.relpath}/helpers", Limits())
+        for name in HELPER_GROUPS:
+            Cgroup.create(self.layout, self._helper_rel(name), Limits())
+
+    def _helper_rel(self, name: str | None) -> str:
+        if name is not None and name not in HELPER_GROUPS:
+            raise CgroupError(0, f"no helper cgroup named {name!r}")
+        return f"{self.relpath}/helpers" if name is None else f"{self.relpath}/helpers-{name}"
 
     def attach_helper(self, pid: int) -> None:
         Cgroup(self.layout, f"{self.relpath}/helpers").attach_pid(pid)
 
-    def helper_procs(self) -> tuple[str, ...]:
-        """The `cgroup.procs` files a helper writes itself into (one per hierarchy)."""
-        helpers = Cgroup(self.layout, f"{self.relpath}/helpers")
+    def helper_procs(self, name: str | None = None) -> tuple[str, ...]:
+        """The `cgroup.procs` files a helper writes itself into (one per hierarchy).
+
+        `name`: one of HELPER_GROUPS (`helpers-<name>`); None is `helpers`.
+        """
+        helpers = Cgroup(self.layout, self._helper_rel(name))
         return tuple(dict.fromkeys(os.path.join(d, "cgroup.procs") for d in helpers.dirs.values()))
+
+    def helper_peak(self, name: str) -> int:
+        """The kernel's peak memory counter of `helpers-<name>` (0 once it is gone)."""
+        cg = Cgroup(self.layout, self._helper_rel(name))
+        try:
+            return cg.usage().peak_memory_bytes
+        except (CgroupError, OSError):
+            return 0
 
     def peak_memory(self) -> int:
         return self.cgroup.usage().peak_memory_bytes if self.exists() else 0

@@ -169,7 +169,7 @@ def take_sample(cg: RunCgroup, pressure_path: str) -> Sample:
         names = []
     for name in names:
         m = _ENV_RE.match(name)
-        env = m.group(1) if m else ("helpers" if name == "helpers" else None)
+        env = m.group(1) if m else ("helpers" if name.split("-", 1)[0] == "helpers" else None)
         if env is None or not os.path.isdir(os.path.join(base or "", name)):
             continue
         u = _env_usage(cg, f"{cg.relpath}/{name}")
