@@ -345,12 +345,12 @@ class Coordinator:
             lock.release()
 
     def _drive(self, store: RunStateStore) -> str:
-        from corral.broker.journal import Journal
+        from corral.broker.pgjournal import open_journal
 
         run = store.run()
         store.update_run(state="running", coordinator_pid=os.getpid(), stop_requested=0)
         store.event("coordinator_start", pid=os.getpid())
-        self._journal = Journal(self.layout.journal)
+        self._journal = open_journal(self.layout.journal)
         self._paused_s = store.paused_s
         self._cg = RunCgroup.detect(self.run_id, self._epoch)
         if self._cg is None:

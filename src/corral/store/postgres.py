@@ -888,18 +888,27 @@ class PgRunStore:
 
 
 def mirror_rows(c: psycopg.Connection[tuple[Any, ...]], path: Path, source: str) -> int:
-    """Insert the rows of SQLite journal `path` not yet in the shared journal (by local id)."""
-    got = c.execute(
-        "SELECT coalesce(max(local_id), 0) FROM journal_observations WHERE source = %s", (source,)
-    ).fetchone()
-    after = int(got[0]) if got else 0
+    """Insert the rows of SQLite journal `path` not yet in the shared journal (by local id).
+
+    Brokers commit their rows to both journals as they go (corral.broker.pgjournal), so
+    the rows already there need not be contiguous: every missing id is copied, not just
+    those above the highest."""
+    have = {
+        int(r[0])
+        for r in c.execute(
+            "SELECT local_id FROM journal_observations WHERE source = %s", (source,)
+        ).fetchall()
+    }
     src = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=10.0)
     try:
-        rows = src.execute(
-            "SELECT id, time, run, session, env, kind, target, decision, rule, reason, bytes_up,"
-            " bytes_down, detail, cause FROM observations WHERE id > ? ORDER BY id",
-            (after,),
-        ).fetchall()
+        rows = [
+            r
+            for r in src.execute(
+                "SELECT id, time, run, session, env, kind, target, decision, rule, reason,"
+                " bytes_up, bytes_down, detail, cause FROM observations ORDER BY id"
+            ).fetchall()
+            if int(r[0]) not in have
+        ]
         outcomes = src.execute(
             "SELECT observation, time, bytes_up, bytes_down, detail FROM outcomes"
         ).fetchall()

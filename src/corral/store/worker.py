@@ -292,6 +292,7 @@ def work(
 ) -> WorkerReport:
     """Drive queued runs until `max_runs` were driven or the queue stayed empty `idle_exit_s`
     (`only`: just that run, e.g. `corral run --store` driving what it queued)."""
+    from corral.broker.pgjournal import ENV_SOURCE, ENV_STORE
     from corral.run.coordinator import Coordinator
     from corral.store.postgres import PgFleet
 
@@ -320,6 +321,9 @@ def work(
                         mirror=(layout.journal, source),
                     )
 
+                # Every broker of the run inherits these: its journal rows go
+                # to the store as they are committed (corral.broker.pgjournal).
+                os.environ[ENV_STORE], os.environ[ENV_SOURCE] = url, source
                 try:
                     state = Coordinator(
                         layout, progress, store=open_store, epoch=lease.epoch
@@ -332,6 +336,8 @@ def work(
                     lost = hb.lost or not _still_ours(fleet, lease, ttl_s)
                     state = "lease lost" if lost else f"error: {exc}"[:200]
             finally:
+                os.environ.pop(ENV_STORE, None)
+                os.environ.pop(ENV_SOURCE, None)
                 hb.close()
                 _unmount(work_dir, lease)
             driven.append((lease.run_id, state))
