@@ -52,6 +52,7 @@ from corral.run.store import (
     now_iso,
     paused_seconds,
 )
+from corral.store.testhook import pause_at
 
 if TYPE_CHECKING:
     import psycopg
@@ -680,6 +681,10 @@ class PgRunStore:
                 f"UPDATE runs SET {', '.join(cols)}, updated = %s WHERE id = %s".encode(),
                 (*values, now_iso(), self.run_id),
             )
+            if isinstance(sha, str):
+                # The fleet simulation's mid-commit kill: the commit's row is
+                # written, its transaction not committed.
+                pause_at("commit")
             if fields.get("state") in _FINAL:
                 self._mirror_journal(c)
 

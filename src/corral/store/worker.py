@@ -144,9 +144,15 @@ def run_dir(work_dir: Path, run_id: str, epoch: int) -> Path:
 
 
 def _discard_older_epochs(fleet: PgFleet, base: Path, run_id: str, epoch: int) -> None:
+    from corral.run.runcg import RunCgroup
     from corral.run.rundisk import RunDisk, ensure_mounted
     from corral.store.postgres import mirror_rows
 
+    # A predecessor's brokers on this host first: a row one of them commits
+    # after the copy below would be in neither journal.
+    cg = RunCgroup.detect(run_id, epoch)
+    if cg is not None:
+        cg.sweep_older_epochs()
     with contextlib.suppress(FileNotFoundError):
         for entry in sorted(os.listdir(base)):
             m = _EPOCH_DIR.fullmatch(entry)
