@@ -166,7 +166,8 @@ def _discard_older_epochs(fleet: PgFleet, base: Path, run_id: str, epoch: int) -
             if src.is_file() and (old / "journal.sqlite").is_file():
                 with fleet._tx() as c:
                     mirror_rows(c, old / "journal.sqlite", src.read_text(encoding="ascii").strip())
-            RunDisk(old.parent, run_id).remove()
+            if (old.parent / ".disks").is_dir():
+                RunDisk(old.parent, run_id).remove()
             aside = base / f".{entry}.old-{secrets.token_hex(3)}"
             (base / entry).rename(aside)
             shutil.rmtree(aside, ignore_errors=True)
@@ -224,11 +225,14 @@ def _run_disk(files: bytes, root: Path) -> int | None:
 
 def _unmount(work_dir: Path, lease: Lease) -> None:
     """Drop this epoch's run_disk image: the run lives in the store, its directory was a copy."""
-    from corral.run.rundisk import RunDisk
+    from corral.run.rundisk import RunDisk, is_mounted
 
     root = run_dir(work_dir, lease.run_id, lease.epoch)
-    with contextlib.suppress(CorralError, OSError):
-        RunDisk(root.parent, lease.run_id).remove()
+    disk = RunDisk(root.parent, lease.run_id)
+    # Only if there is one: `remove` would recreate a directory a successor discarded.
+    if disk.image.exists() or is_mounted(root):
+        with contextlib.suppress(CorralError, OSError):
+            disk.remove()
 
 
 def _rebase_scenario(layout: RunLayout) -> None:
