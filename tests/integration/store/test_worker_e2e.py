@@ -32,7 +32,11 @@ def run_ids() -> Iterator[list[str]]:
                 cg.sweep()
 
 
-def test_submit_then_worker_drives_it(tmp_path: Path, pg_url: str, run_ids: list[str]) -> None:
+def test_submit_then_worker_drives_it(
+    tmp_path: Path, pg_worker: tuple[str, str], run_ids: list[str]
+) -> None:
+    """As the worker role of `corral store-init`: its grants are all a worker needs."""
+    pg_url = pg_worker[1]
     mission = write_mission(tmp_path / "m")
     rid = new_id()
     run_ids.append(rid)
