@@ -39,6 +39,7 @@ from corral.broker.control import ControlServer, bind_control_socket
 from corral.broker.credentials import Credential, Credentials
 from corral.broker.journal import GroupCommitJournal, Journal
 from corral.broker.metering import SessionBudget
+from corral.broker.pgjournal import open_journal
 from corral.broker.policy import Hook, Policy
 from corral.broker.proxy import BrokerState, ProxyServer, RouteSecrets
 from corral.broker.resolver import Resolver
@@ -363,7 +364,7 @@ def serve(options: ServeOptions) -> int:
         policy = Policy.from_config(config, hooks)
         tls = _tls_context(config)
         socks = _listeners(options)
-        journal = Journal(options.journal, config.journal_synchronous)
+        journal = open_journal(options.journal, config.journal_synchronous, options.environ)
         state = BrokerState(
             policy=policy,
             journal=GroupCommitJournal(journal),

@@ -129,6 +129,7 @@ def register(app: typer.Typer) -> None:
                 run_id=run_id,
                 runs_dir=runs_dir,
                 plain=plain,
+                provider_key=provider_key,
             )
         try:
             sweep_stale(runs_dir)

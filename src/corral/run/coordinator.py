@@ -231,12 +231,15 @@ class Coordinator:
         progress: Progress,
         backends: Mapping[str, Backend] | None = None,
         store: Callable[[], RunStateStore] | None = None,
+        epoch: int | None = None,
     ) -> None:
         """`backends`: the backend of each environment (agent, product,
         verifier); default the mission's `backend` choice, loaded here so an
         unavailable one refuses the run before it starts. `store`: opens the
         run's state elsewhere than its SQLite file (a fleet's PostgreSQL, the
-        caller holding the run's lease, which replaces the flock)."""
+        caller holding the run's lease, which replaces the flock). `epoch`:
+        that lease's fencing token; the run's cgroups are then this epoch's
+        own (corral.run.runcg)."""
         self.layout = layout
         self.progress = progress
         self.mission, self.config = load_run(layout)
@@ -248,6 +251,7 @@ class Coordinator:
             }
         self._backends = dict(backends)
         self._open_store = store
+        self._epoch = epoch
         self._lease_lost = False
         self.provider_ref = parse_provider(self.config.provider, self.config.provider_key)
         self.run_id = layout.run_id
@@ -355,10 +359,8 @@ class Coordinator:
             try:
                 return self._drive(store)
             except LeaseLostError:
-                # Another worker drives the run now, perhaps on this host in the
-                # same run cgroup: the sweep would kill its sandboxes. What this
-                # driver started ended with its session (sandboxes are killed
-                # when they end), and the new driver's recovery swept the rest.
+                # Another worker drives the run now, perhaps on this host: the
+                # teardown sweeps only this epoch's cgroups, never the run's.
                 self._lease_lost = True
                 raise
             except Exception as exc:
@@ -378,14 +380,14 @@ class Coordinator:
             lock.release()
 
     def _drive(self, store: RunStateStore) -> str:
-        from corral.broker.journal import Journal
+        from corral.broker.pgjournal import open_journal
 
         run = store.run()
         store.update_run(state="running", coordinator_pid=os.getpid(), stop_requested=0)
         store.event("coordinator_start", pid=os.getpid())
-        self._journal = Journal(self.layout.journal)
+        self._journal = open_journal(self.layout.journal)
         self._paused_s = store.paused_s
-        self._cg = RunCgroup.detect(self.run_id)
+        self._cg = RunCgroup.detect(self.run_id, self._epoch)
         if self._cg is None:
             raise CorralError("no cgroup hierarchy: a run needs its run-wide cgroup")
         self._recover(store, run.memory_cap)
@@ -465,6 +467,7 @@ class Coordinator:
         assert self._cg is not None
         interrupted = store.mark_interrupted()
         killed = self._cg.sweep() if self._cg.exists() else 0
+        killed += self._cg.sweep_older_epochs()
         # Created before the workspace reset: its git is charged to the run.
         self._cg.create(memory_cap)
         for n in interrupted:
@@ -562,9 +565,13 @@ class Coordinator:
         if self._provider is not None:
             with contextlib.suppress(Exception):
                 self._provider.stop()
-        if self._cg is not None and not self._lease_lost:
+        # Without an epoch the run cgroup is the run's, which a successor may
+        # use once the lease is lost; an epoch's subtree is only ever ours.
+        if self._cg is not None and (self._epoch is not None or not self._lease_lost):
             with contextlib.suppress(CorralError, OSError):
                 self._cg.sweep()
+            if not self._lease_lost:
+                self._cg.remove_parent()
         if self._journal is not None:
             self._journal.close()
 
@@ -718,7 +725,7 @@ class Coordinator:
             mcp=self.mission.mcp_policy() if self.mission.settings.mcp.servers else None,
             parent_cgroup=cg.relpath,
             backend=self._backends["agent"],
-            run_cgroup=self.run_id,
+            run_cgroup=cg.key,
         )
         hooks = SessionHooks(
             should_stop=self._stopping,

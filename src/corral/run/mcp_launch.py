@@ -1,6 +1,6 @@
 """Start an MCP server's `corral exec` as a part of the run (host side).
 
-    python -m corral.run.mcp_launch PARENT_PID RUN_ID|- -- CORRAL... exec ... -- SERVER...
+    python -m corral.run.mcp_launch PARENT_PID RUN_ID[:EPOCH]|- -- CORRAL... exec ... -- SERVER...
 
 The MCP gateway spawns its servers through the official SDK, which gives no
 hook between fork and exec; this prelude is that hook. It asks the kernel
@@ -37,10 +37,10 @@ def main(argv: list[str]) -> int:
         return 125
     if run_id != "-":
         from corral.errors import CorralError
-        from corral.run.runcg import RunCgroup
+        from corral.run.runcg import RunCgroup, parse_cgroup_key
 
         try:
-            cg = RunCgroup.detect(run_id)
+            cg = RunCgroup.detect(*parse_cgroup_key(run_id))
             if cg is None:
                 raise CorralError("no cgroup hierarchy")
             cg.attach_helper(os.getpid())

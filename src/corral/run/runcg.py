@@ -19,12 +19,20 @@ while nothing can fork, and only then thaws: they die without running again.
 
 A run id always starts with a letter, so `run-<id>` never looks like a
 per-sandbox cgroup (`<env>-<pid>-<hex>`) to the backend's stale sweep.
+
+A fleet run (leased from the shared store) lives one level deeper, in
+`corral/run-<id>/lease-<epoch>`: each lease epoch (the store's fencing
+token) has its own subtree, so a driver that stalled past its lease and
+wakes up on the host where its successor now runs can only kill and remove
+what it started itself. The successor's recovery sweeps the older epochs
+(`sweep_older_epochs`), never a newer one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -32,28 +40,48 @@ from corral.errors import CgroupError
 from corral.sandbox.cgroup import Cgroup, CgroupLayout, detect_layout
 from corral.sandbox.spec import Limits
 
-__all__ = ["HELPER_GROUPS", "RunCgroup", "run_cgroup_path"]
+__all__ = ["HELPER_GROUPS", "RunCgroup", "parse_cgroup_key", "run_cgroup_path"]
 
 #: corral's own per-run helper processes, each in `helpers-<name>` (run/helpers.py).
 HELPER_GROUPS = ("provider", "report")
 
 
-def run_cgroup_path(run_id: str) -> str:
-    return f"corral/run-{run_id}"
+_EPOCH = re.compile(r"lease-([1-9][0-9]{0,17})")
+
+
+def run_cgroup_path(run_id: str, epoch: int | None = None) -> str:
+    base = f"corral/run-{run_id}"
+    return base if epoch is None else f"{base}/lease-{epoch}"
+
+
+def parse_cgroup_key(key: str) -> tuple[str, int | None]:
+    """(run id, epoch) of a `RUN_ID` or `RUN_ID:EPOCH` key (run ids have no colon; pure)."""
+    rid, sep, ep = key.partition(":")
+    if not sep:
+        return rid, None
+    if not ep.isdigit() or int(ep) < 1:
+        raise CgroupError(0, f"bad run cgroup key {key[:80]!r}")
+    return rid, int(ep)
 
 
 class RunCgroup:
-    """The cgroup subtree of one run."""
+    """The cgroup subtree of one run (of one lease epoch of it, for a fleet run)."""
 
-    def __init__(self, layout: CgroupLayout, run_id: str) -> None:
+    def __init__(self, layout: CgroupLayout, run_id: str, epoch: int | None = None) -> None:
         self.layout = layout
-        self.relpath = run_cgroup_path(run_id)
+        self.run_id, self.epoch = run_id, epoch
+        self.relpath = run_cgroup_path(run_id, epoch)
         self.cgroup = Cgroup(layout, self.relpath)
 
     @classmethod
-    def detect(cls, run_id: str) -> RunCgroup | None:
+    def detect(cls, run_id: str, epoch: int | None = None) -> RunCgroup | None:
         layout = detect_layout()
-        return None if layout is None else cls(layout, run_id)
+        return None if layout is None else cls(layout, run_id, epoch)
+
+    @property
+    def key(self) -> str:
+        """What `parse_cgroup_key` turns back into this cgroup (passed to helpers)."""
+        return self.run_id if self.epoch is None else f"{self.run_id}:{self.epoch}"
 
     def _roots(self) -> list[str]:
         roots = [m for _, m in self.layout.v1]
@@ -147,3 +175,33 @@ class RunCgroup:
         if self.exists():
             self.cgroup.remove(timeout_s=5.0)
         return killed
+
+    def older_epochs(self) -> list[int]:
+        """The lease epochs of this run below ours that left a subtree on this host."""
+        if self.epoch is None:
+            return []
+        found: set[int] = set()
+        for root in self._roots():
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                for name in os.listdir(os.path.join(root, run_cgroup_path(self.run_id))):
+                    m = _EPOCH.fullmatch(name)
+                    if m and int(m.group(1)) < self.epoch:
+                        found.add(int(m.group(1)))
+        return sorted(found)
+
+    def sweep_older_epochs(self) -> int:
+        """Takeover on this host: kill and remove every older epoch's subtree (a dead or
+        stalled predecessor's sandboxes and brokers), never a newer one; the number killed."""
+        killed = 0
+        for k in self.older_epochs():
+            killed += RunCgroup(self.layout, self.run_id, k).sweep()
+        return killed
+
+    def remove_parent(self) -> None:
+        """Remove the run's empty `corral/run-<id>` once its last epoch ended (final run)."""
+        if self.epoch is None:
+            return
+        for root in self._roots():
+            # Busy or not empty: another epoch is still there; it removes it.
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.join(root, run_cgroup_path(self.run_id)))

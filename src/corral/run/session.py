@@ -106,7 +106,7 @@ class SessionPlan:
     mcp: McpPolicy | None = None
     parent_cgroup: str = "corral"
     run_cgroup: str | None = None
-    """The run id whose cgroup the MCP servers join (`corral.run.runcg`)."""
+    """The key (`RUN_ID[:EPOCH]`) of the run cgroup the MCP servers join (`corral.run.runcg`)."""
     backend: Backend | None = None
     """The agent sandbox's backend (None: the namespace backend)."""
 

@@ -60,13 +60,21 @@ def _submit(
     agent: str | None,
     provider: str | None,
     run_id: str | None,
+    provider_key: str | None = None,
 ) -> str:
     from corral.errors import AgentError, ConfigError, StoreError, UsageError
     from corral.store.worker import submit
 
     with _fleet(cmd, url) as fleet:
         try:
-            return submit(mission, fleet, agent=agent, provider=provider, run_id=run_id)
+            return submit(
+                mission,
+                fleet,
+                agent=agent,
+                provider=provider,
+                provider_key=provider_key,
+                run_id=run_id,
+            )
         except (ConfigError, UsageError, AgentError, FileExistsError) as exc:
             raise _fail(cmd, str(exc), 2) from exc
         except StoreError as exc:
@@ -82,13 +90,22 @@ def run_in_store(
     run_id: str | None,
     runs_dir: Path,
     plain: bool,
+    provider_key: str | None = None,
 ) -> None:
     """`corral run --store`: queue the run, then drive it here under a lease."""
     from corral.errors import CorralError
     from corral.run.progress import PlainProgress, make_progress
     from corral.store.worker import work
 
-    rid = _submit("run", url, mission, agent=agent, provider=provider, run_id=run_id)
+    rid = _submit(
+        "run",
+        url,
+        mission,
+        agent=agent,
+        provider=provider,
+        run_id=run_id,
+        provider_key=provider_key,
+    )
     typer.echo(f"corral run: run {rid} queued in the store; driving it here")
     progress = PlainProgress() if plain else make_progress()
     try:
@@ -150,10 +167,10 @@ def status_from_store(url: str, as_json: bool) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    """Add `corral worker` and `corral submit`."""
+    """Add `corral worker`, `corral submit` and `corral store-init`."""
 
     @app.command("submit")
-    def submit_cmd(
+    def submit_cmd(  # noqa: PLR0917
         mission: Annotated[Path, typer.Argument(help="the mission file (Markdown + TOML)")],
         store: Annotated[str | None, STORE_OPTION] = None,
         agent: Annotated[
@@ -163,14 +180,55 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option("--provider", help="synthetic[:FILE] | …")
         ] = None,
         run_id: Annotated[str | None, typer.Option("--id", help="the run's id")] = None,
+        provider_key: Annotated[
+            str | None,
+            typer.Option(
+                "--provider-key", help="a compatible provider's key: env:NAME | file:/PATH"
+            ),
+        ] = None,
     ) -> None:
         """Queue a run in the shared store; any `corral worker` drives it."""
         url = _url("submit", store)
         assert url is not None
         if run_id is not None and (not run_id[:1].isalpha() or "/" in run_id):
             raise _fail("submit", f"a run id starts with a letter and has no '/': {run_id!r}", 2)
-        rid = _submit("submit", url, mission, agent=agent, provider=provider, run_id=run_id)
+        rid = _submit(
+            "submit",
+            url,
+            mission,
+            agent=agent,
+            provider=provider,
+            run_id=run_id,
+            provider_key=provider_key,
+        )
         typer.echo(f"corral submit: run {rid} queued")
+
+    @app.command("store-init")
+    def store_init_cmd(
+        store: Annotated[str | None, STORE_OPTION] = None,
+        worker_role: Annotated[
+            str | None,
+            typer.Option("--worker-role", help="grant this role what a worker needs, no more"),
+        ] = None,
+    ) -> None:
+        """As the schema's owner: create or migrate the shared store (and grant a worker role)."""
+        from corral.errors import StoreError, UsageError
+        from corral.store.postgres import grant_worker
+
+        url = _url("store-init", store)
+        assert url is not None
+        with _fleet("store-init", url) as fleet:
+            if worker_role is not None:
+                try:
+                    grant_worker(fleet._conn, worker_role)
+                except UsageError as exc:
+                    raise _fail("store-init", str(exc), 2) from exc
+                except StoreError as exc:
+                    raise _fail("store-init", str(exc), 3) from exc
+        typer.echo(
+            "corral store-init: schema current"
+            + (f"; {worker_role} granted" if worker_role else "")
+        )
 
     @app.command("worker")
     def worker_cmd(  # noqa: PLR0917

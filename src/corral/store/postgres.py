@@ -33,6 +33,7 @@ by (source, local id).
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import threading
 import time
@@ -40,7 +41,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, LiteralString
 
 from corral.errors import LeaseLostError, StoreError, UsageError
 from corral.run.store import (
@@ -51,11 +52,21 @@ from corral.run.store import (
     now_iso,
     paused_seconds,
 )
+from corral.store.testhook import pause_at
 
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["MIGRATIONS", "Lease", "PgFleet", "PgJournal", "PgRunStore", "QueuedRun"]
+__all__ = [
+    "MIGRATIONS",
+    "WORKER_GRANTS",
+    "Lease",
+    "PgFleet",
+    "PgJournal",
+    "PgRunStore",
+    "QueuedRun",
+    "grant_worker",
+]
 
 _ADVISORY_MIGRATE: Final = 0x636F7272  # "corr"
 
@@ -238,11 +249,27 @@ def _connect(url: str) -> psycopg.Connection[tuple[Any, ...]]:
         raise StoreError(f"cannot connect to the store: {exc}".strip()) from exc
 
 
+def _current_version(conn: psycopg.Connection[tuple[Any, ...]]) -> int | None:
+    row = conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL").fetchone()
+    if not row or not row[0]:
+        return None
+    got = conn.execute("SELECT max(version) FROM schema_migrations").fetchone()
+    return int(got[0]) if got and got[0] is not None else None
+
+
 def migrate(conn: psycopg.Connection[tuple[Any, ...]]) -> int:
-    """Apply the migrations this database lacks; its schema version afterwards."""
+    """Apply the migrations this database lacks; its schema version afterwards.
+
+    A database already at this version is left alone without any DDL, so a
+    worker role with no CREATE privilege (see `grant_worker`) can connect."""
     import psycopg
 
     try:
+        have = _current_version(conn)
+        if have is not None and have > SCHEMA_VERSION:
+            raise StoreError(f"store schema {have} is newer than this corral ({SCHEMA_VERSION})")
+        if have == SCHEMA_VERSION:
+            return SCHEMA_VERSION
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_ADVISORY_MIGRATE,))
             conn.execute(
@@ -262,6 +289,46 @@ def migrate(conn: psycopg.Connection[tuple[Any, ...]]) -> int:
     except psycopg.Error as exc:
         raise StoreError(f"store migration failed: {exc}") from exc
     return SCHEMA_VERSION
+
+
+# What a worker does to each table, and no more: the journal and the events
+# are append-only by grant (and by trigger); no TRUNCATE, no ownership, so no
+# DROP/ALTER of a table or its triggers. FOR SHARE/FOR UPDATE need UPDATE.
+WORKER_GRANTS: Final[tuple[tuple[str, LiteralString], ...]] = (
+    ("schema_migrations", "SELECT"),
+    ("runs", "SELECT, INSERT, UPDATE"),
+    ("sessions", "SELECT, INSERT, UPDATE, DELETE"),
+    ("session_attempts", "SELECT, INSERT"),
+    ("checks", "SELECT, INSERT, UPDATE, DELETE"),
+    ("pauses", "SELECT, INSERT, UPDATE"),
+    ("events", "SELECT, INSERT"),
+    ("journal_observations", "SELECT, INSERT"),
+    ("journal_outcomes", "SELECT, INSERT"),
+)
+_ROLE: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def grant_worker(conn: psycopg.Connection[tuple[Any, ...]], role: str) -> None:
+    """As the schema's owner: give `role` exactly `WORKER_GRANTS` (and the sequences
+    its inserts draw from), revoking anything else it had on the tables."""
+    import psycopg
+    from psycopg import sql
+
+    if not _ROLE.fullmatch(role):
+        raise UsageError(f"a worker role is a lower-case SQL identifier, not {role[:80]!r}")
+    who = sql.Identifier(role)
+    try:
+        with conn.transaction():
+            for table, privileges in WORKER_GRANTS:
+                t = sql.Identifier(table)
+                conn.execute(sql.SQL("REVOKE ALL ON {} FROM {}").format(t, who))
+                conn.execute(sql.SQL("GRANT {} ON {} TO {}").format(sql.SQL(privileges), t, who))
+            for seq in ("events_id_seq", "pauses_id_seq", "journal_observations_id_seq"):
+                conn.execute(
+                    sql.SQL("GRANT USAGE ON SEQUENCE {} TO {}").format(sql.Identifier(seq), who)
+                )
+    except psycopg.Error as exc:
+        raise StoreError(f"granting {role}: {exc}") from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -614,6 +681,10 @@ class PgRunStore:
                 f"UPDATE runs SET {', '.join(cols)}, updated = %s WHERE id = %s".encode(),
                 (*values, now_iso(), self.run_id),
             )
+            if isinstance(sha, str):
+                # The fleet simulation's mid-commit kill: the commit's row is
+                # written, its transaction not committed.
+                pause_at("commit")
             if fields.get("state") in _FINAL:
                 self._mirror_journal(c)
 
@@ -822,18 +893,27 @@ class PgRunStore:
 
 
 def mirror_rows(c: psycopg.Connection[tuple[Any, ...]], path: Path, source: str) -> int:
-    """Insert the rows of SQLite journal `path` not yet in the shared journal (by local id)."""
-    got = c.execute(
-        "SELECT coalesce(max(local_id), 0) FROM journal_observations WHERE source = %s", (source,)
-    ).fetchone()
-    after = int(got[0]) if got else 0
+    """Insert the rows of SQLite journal `path` not yet in the shared journal (by local id).
+
+    Brokers commit their rows to both journals as they go (corral.broker.pgjournal), so
+    the rows already there need not be contiguous: every missing id is copied, not just
+    those above the highest."""
+    have = {
+        int(r[0])
+        for r in c.execute(
+            "SELECT local_id FROM journal_observations WHERE source = %s", (source,)
+        ).fetchall()
+    }
     src = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=10.0)
     try:
-        rows = src.execute(
-            "SELECT id, time, run, session, env, kind, target, decision, rule, reason, bytes_up,"
-            " bytes_down, detail, cause FROM observations WHERE id > ? ORDER BY id",
-            (after,),
-        ).fetchall()
+        rows = [
+            r
+            for r in src.execute(
+                "SELECT id, time, run, session, env, kind, target, decision, rule, reason,"
+                " bytes_up, bytes_down, detail, cause FROM observations ORDER BY id"
+            ).fetchall()
+            if int(r[0]) not in have
+        ]
         outcomes = src.execute(
             "SELECT observation, time, bytes_up, bytes_down, detail FROM outcomes"
         ).fetchall()

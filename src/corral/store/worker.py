@@ -3,9 +3,13 @@
     submit(mission, url)                 # create the run, store its files and git bundle, queue it
     work(url, work_dir, max_runs=None)   # claim, materialize, drive, release; until idle
 
-A worker materializes a leased run into `<work_dir>/<run id>` from the store
-alone (frozen files + git bundle of the last durable commit), so any host
-can continue it. The coordinator is the one `corral run` uses, given the
+A worker materializes a leased run into `<work_dir>/<run id>/lease-<epoch>/<run id>`
+from the store alone (frozen files + git bundle of the last durable commit),
+so any host can continue it. Everything a driver creates on the host (that
+directory, its cgroups `corral/run-<id>/lease-<epoch>`) is named by its
+lease epoch: a stalled driver that wakes up after a takeover on the same
+host touches only its own epoch's, and the successor discards the older
+epochs' (corral.run.runcg). The coordinator is the one `corral run` uses, given the
 PostgreSQL store instead of the run's SQLite file; the lease replaces the
 run directory's flock. A heartbeat thread renews the lease every third of
 its expiry; if a renewal fails the worker stops its own coordinator
@@ -16,6 +20,7 @@ refuses anyway (fencing, corral.store.postgres).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import os
 import re
@@ -31,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from corral.errors import CorralError, LeaseLostError, UsageError
+from corral.errors import CorralError, LeaseLostError
 from corral.hostgit import TrustedRepo
 
 if TYPE_CHECKING:
@@ -40,7 +45,15 @@ if TYPE_CHECKING:
     from corral.run.store_api import RunStateStore
     from corral.store.postgres import Lease, PgFleet
 
-__all__ = ["WorkerReport", "git_bundle", "materialize", "safe_run_id", "submit", "work"]
+__all__ = [
+    "WorkerReport",
+    "git_bundle",
+    "materialize",
+    "run_dir",
+    "safe_run_id",
+    "submit",
+    "work",
+]
 
 # What a run directory needs besides its git to be driven anywhere (see create_run).
 _FROZEN = ("mission.md", "run.json", "scenario.yaml", "checks", "state.sqlite")
@@ -86,18 +99,24 @@ def submit(
     *,
     agent: str | None = None,
     provider: str | None = None,
+    provider_key: str | None = None,
     run_id: str | None = None,
 ) -> str:
-    """Create the run (as `corral run` would), put it in the store as `queued`; its id."""
+    """Create the run (as `corral run` would), put it in the store as `queued`; its id.
+
+    A mission's `limits.run_disk` image is made by the worker that drives the
+    run, on its host (`materialize`): the submitter only freezes the files."""
     from corral.run.coordinator import create_run
     from corral.run.mission import load_mission
     from corral.run.store import Store
 
-    m = load_mission(mission_path)
+    m = load_mission(mission_path, provider, provider_key)
     if m.settings.limits.run_disk is not None:
-        raise UsageError("a mission with limits.run_disk cannot be submitted to a fleet yet")
+        limits = m.settings.limits.model_copy(update={"run_disk": None})
+        settings = m.settings.model_copy(update={"limits": limits})
+        m = dataclasses.replace(m, settings=settings)  # mission.md keeps it for the worker
     with tempfile.TemporaryDirectory(prefix="corral-submit-") as tmp:
-        layout = create_run(m, Path(tmp), agent=agent, provider=provider, run_id=run_id)
+        layout = create_run(m, Path(tmp), agent=agent, run_id=run_id)
         with Store(layout.state) as st:
             record = st.run()
         fleet.submit(
@@ -116,27 +135,62 @@ def safe_run_id(run_id: str) -> str:
     return run_id
 
 
+_EPOCH_DIR = re.compile(r"lease-([1-9][0-9]{0,17})")
+
+
+def run_dir(work_dir: Path, run_id: str, epoch: int) -> Path:
+    """Where the driver of `epoch` materializes the run (its name is the run id; pure)."""
+    return work_dir.absolute() / safe_run_id(run_id) / f"lease-{epoch}" / run_id
+
+
+def _discard_older_epochs(fleet: PgFleet, base: Path, run_id: str, epoch: int) -> None:
+    from corral.run.runcg import RunCgroup
+    from corral.run.rundisk import RunDisk, ensure_mounted
+    from corral.store.postgres import mirror_rows
+
+    # A predecessor's brokers on this host first: a row one of them commits
+    # after the copy below would be in neither journal.
+    cg = RunCgroup.detect(run_id, epoch)
+    if cg is not None:
+        cg.sweep_older_epochs()
+    with contextlib.suppress(FileNotFoundError):
+        for entry in sorted(os.listdir(base)):
+            m = _EPOCH_DIR.fullmatch(entry)
+            if m is None or int(m.group(1)) >= epoch:
+                continue
+            old = base / entry / run_id
+            ensure_mounted(old)  # after a reboot its run_disk image is not
+            # A driver on this host died or stalled: what its broker journaled
+            # since the last session end is only here; copy it in first.
+            src = old / "journal.source"
+            if src.is_file() and (old / "journal.sqlite").is_file():
+                with fleet._tx() as c:
+                    mirror_rows(c, old / "journal.sqlite", src.read_text(encoding="ascii").strip())
+            if (old.parent / ".disks").is_dir():
+                RunDisk(old.parent, run_id).remove()
+            aside = base / f".{entry}.old-{secrets.token_hex(3)}"
+            (base / entry).rename(aside)
+            shutil.rmtree(aside, ignore_errors=True)
+
+
 def materialize(fleet: PgFleet, lease: Lease, work_dir: Path) -> tuple[RunLayout, str]:
     """The run directory of a leased run, rebuilt from the store; (layout, journal source id)."""
     from corral.run.environments import RunLayout
-    from corral.store.postgres import mirror_rows
+    from corral.run.rundisk import create_run_disk
 
-    root = work_dir.absolute() / safe_run_id(lease.run_id)
-    if root.exists():
-        # A driver on this host died: what its broker journaled since the
-        # last session end is only here; copy it in before it is discarded.
-        src = root / "journal.source"
-        if src.is_file() and (root / "journal.sqlite").is_file():
-            with fleet._tx() as c:
-                mirror_rows(c, root / "journal.sqlite", src.read_text(encoding="ascii").strip())
-        aside = root.with_name(f".{root.name}.old-{secrets.token_hex(3)}")
-        root.rename(aside)
-        shutil.rmtree(aside, ignore_errors=True)
+    root = run_dir(work_dir, lease.run_id, lease.epoch)
+    _discard_older_epochs(fleet, root.parent.parent, lease.run_id, lease.epoch)
     files, bundle = fleet.files(lease.run_id)
     if len(files) > _MAX_FILES:
         raise CorralError(f"run {lease.run_id}: stored files exceed {_MAX_FILES} bytes")
     work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    root.mkdir(mode=0o700)
+    root.parent.mkdir(mode=0o700, parents=True)
+    disk = _run_disk(files, root)
+    if disk is not None:
+        # Mounted on the empty run directory before anything is written to it.
+        create_run_disk(root.parent, lease.run_id, disk)
+    else:
+        root.mkdir(mode=0o700)
     layout = RunLayout(root)
     with tarfile.open(fileobj=io.BytesIO(files), mode="r:gz") as tar:
         tar.extractall(root, filter="data")
@@ -155,6 +209,30 @@ def materialize(fleet: PgFleet, lease: Lease, work_dir: Path) -> tuple[RunLayout
     source = f"{socket.gethostname()}:{lease.run_id}:{lease.epoch}:{secrets.token_hex(4)}"
     (root / "journal.source").write_text(source, encoding="ascii")
     return layout, source
+
+
+def _run_disk(files: bytes, root: Path) -> int | None:
+    """The frozen mission's `limits.run_disk` (the submitter made no image)."""
+    from corral.run.mission import parse_mission
+
+    with tarfile.open(fileobj=io.BytesIO(files), mode="r:gz") as tar:
+        member = tar.extractfile("mission.md")
+        if member is None:
+            raise CorralError("the stored run has no mission.md")
+        text = member.read(1 << 20).decode("utf-8", errors="strict")
+    return parse_mission(text, root / "mission.md").settings.limits.run_disk
+
+
+def _unmount(work_dir: Path, lease: Lease) -> None:
+    """Drop this epoch's run_disk image: the run lives in the store, its directory was a copy."""
+    from corral.run.rundisk import RunDisk, is_mounted
+
+    root = run_dir(work_dir, lease.run_id, lease.epoch)
+    disk = RunDisk(root.parent, lease.run_id)
+    # Only if there is one: `remove` would recreate a directory a successor discarded.
+    if disk.image.exists() or is_mounted(root):
+        with contextlib.suppress(CorralError, OSError):
+            disk.remove()
 
 
 def _rebase_scenario(layout: RunLayout) -> None:
@@ -199,6 +277,13 @@ class _Heartbeat:
         self._fleet.close()
 
 
+def _still_ours(fleet: PgFleet, lease: Lease, ttl_s: float) -> bool:
+    try:
+        return fleet.renew(lease, ttl_s)
+    except CorralError:
+        return False
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerReport:
     worker: str
@@ -217,6 +302,7 @@ def work(
 ) -> WorkerReport:
     """Drive queued runs until `max_runs` were driven or the queue stayed empty `idle_exit_s`
     (`only`: just that run, e.g. `corral run --store` driving what it queued)."""
+    from corral.broker.pgjournal import ENV_SOURCE, ENV_STORE
     from corral.run.coordinator import Coordinator
     from corral.store.postgres import PgFleet
 
@@ -245,14 +331,25 @@ def work(
                         mirror=(layout.journal, source),
                     )
 
+                # Every broker of the run inherits these: its journal rows go
+                # to the store as they are committed (corral.broker.pgjournal).
+                os.environ[ENV_STORE], os.environ[ENV_SOURCE] = url, source
                 try:
-                    state = Coordinator(layout, progress, store=open_store).drive()
+                    state = Coordinator(
+                        layout, progress, store=open_store, epoch=lease.epoch
+                    ).drive()
                 except LeaseLostError:
                     state = "lease lost"
                 except CorralError as exc:
-                    state = "lease lost" if hb.lost else f"error: {exc}"[:200]
+                    # Waking from a stall, the driver may fail on what its
+                    # successor discarded before the heartbeat notices.
+                    lost = hb.lost or not _still_ours(fleet, lease, ttl_s)
+                    state = "lease lost" if lost else f"error: {exc}"[:200]
             finally:
+                os.environ.pop(ENV_STORE, None)
+                os.environ.pop(ENV_SOURCE, None)
                 hb.close()
+                _unmount(work_dir, lease)
             driven.append((lease.run_id, state))
             with contextlib.suppress(CorralError):
                 fleet.release(lease)

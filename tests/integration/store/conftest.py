@@ -108,3 +108,27 @@ def pg_url(pg_server: PgServer) -> str:
     db = f"t_{secrets.token_hex(4)}"
     pg_server.admin(f"CREATE DATABASE {db} OWNER corral")
     return pg_server.url(db)
+
+
+def fresh_owned_db(pg_server: PgServer) -> str:
+    """A fresh database owned by `corral_owner` (the schema owner; `corral_worker` exists)."""
+    for role in ("corral_owner", "corral_worker"):
+        pg_server.admin(
+            f"DO $$BEGIN CREATE ROLE {role} LOGIN NOSUPERUSER; EXCEPTION WHEN duplicate_object"
+            " THEN NULL; END$$"
+        )
+    db = f"g_{secrets.token_hex(4)}"
+    pg_server.admin(f"CREATE DATABASE {db} OWNER corral_owner")
+    return db
+
+
+@pytest.fixture
+def pg_worker(pg_server: PgServer) -> tuple[str, str]:
+    """(owner URL, worker URL) of a fresh database migrated by its owner, worker granted."""
+    db = fresh_owned_db(pg_server)
+    owner = pg_server.url(db, "corral_owner")
+    from corral.store.postgres import PgFleet, grant_worker
+
+    with PgFleet(owner) as f:
+        grant_worker(f._conn, "corral_worker")
+    return owner, pg_server.url(db, "corral_worker")

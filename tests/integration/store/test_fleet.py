@@ -1,15 +1,19 @@
-"""Fleet simulation: 3 workers (processes) share one PostgreSQL; 12 queued runs; two workers
-are SIGKILLed (one mid-session, one mid-check) and replaced. Every run must end exactly once,
+"""Fleet simulation: 3 workers (processes) share one PostgreSQL; 12 queued runs; three workers
+are SIGKILLed (one mid-commit, one mid-session, one mid-check) and replaced. Every run must end
+exactly once,
 every session be counted once (the killed attempt recorded as an attempt), no journal row be
 lost or duplicated, and nothing of any run be left on the host.
 
 The kill points are chosen from the store's own state (a session of the victim's leased run in
-the agent / verify phase), never from elapsed time. Takeover time and runs/minute are printed.
+the agent / verify phase), never from elapsed time; the mid-commit victim blocks on a FIFO inside
+the transaction that records its session's commit (`CORRAL_TEST_PAUSE_AT=commit`, host-side
+test hook) and is killed there. Takeover time and runs/minute are printed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -25,6 +29,7 @@ import pytest
 from corral.errors import CorralError
 from corral.run.runcg import RunCgroup
 from corral.store.postgres import PgFleet
+from corral.store.testhook import ENV_FIFO, ENV_POINT
 from tests.integration.run.helpers import corral, corral_argv, new_id
 
 pytestmark = [pytest.mark.requires_postgresql, pytest.mark.requires_sandbox, pytest.mark.slow]
@@ -76,9 +81,13 @@ def run_ids() -> Iterator[list[str]]:
                 cg.sweep()
 
 
-def _worker(url: str, work_dir: Path, log: Path) -> subprocess.Popen[bytes]:
+def _worker(
+    url: str, work_dir: Path, log: Path, pause_fifo: Path | None = None
+) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(Path(__file__).parents[3] / "src")
+    if pause_fifo is not None:
+        env.update({ENV_POINT: "commit", ENV_FIFO: str(pause_fifo)})
     with log.open("ab") as out:
         return subprocess.Popen(
             [
@@ -101,8 +110,34 @@ def _worker(url: str, work_dir: Path, log: Path) -> subprocess.Popen[bytes]:
         )
 
 
-def _leased_in_phase(fleet: PgFleet, phase: str) -> tuple[int, str] | None:
-    """(worker pid, run) of a live lease whose run has a session running in `phase`."""
+def _wait_paused(fifo: Path, proc: subprocess.Popen[bytes]) -> int:
+    """Block until `proc` opened the FIFO for reading (it stands at its pause point); our end."""
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # ENXIO: no reader yet
+                raise
+        assert proc.poll() is None, "the paused worker exited"
+        assert time.monotonic() < deadline, "the worker never reached its commit"
+        time.sleep(0.02)
+
+
+def _leased_by(fleet: PgFleet, pid: int) -> str:
+    j = fleet.journal()
+    try:
+        rows = j.execute("SELECT id, lease_owner FROM runs WHERE lease_owner IS NOT NULL")
+    finally:
+        j.close()
+    [rid] = [str(r) for r, owner in rows if int(str(owner).split(":")[1]) == pid and r]
+    return rid
+
+
+def _leased_in_phase(
+    fleet: PgFleet, phase: str, spare: frozenset[str] = frozenset()
+) -> tuple[int, str] | None:
+    """(worker pid, run) of a live lease whose run (not in `spare`) has a session in `phase`."""
     j = fleet.journal()
     try:
         rows = j.execute(
@@ -113,7 +148,8 @@ def _leased_in_phase(fleet: PgFleet, phase: str) -> tuple[int, str] | None:
     finally:
         j.close()
     for owner, rid in rows:
-        return int(str(owner).split(":")[1]), str(rid)
+        if str(rid) not in spare:
+            return int(str(owner).split(":")[1]), str(rid)
     return None
 
 
@@ -133,7 +169,7 @@ def _processes_naming(path: Path) -> list[int]:
     return found
 
 
-def test_fleet_survives_two_worker_kills(tmp_path: Path, pg_url: str, run_ids: list[str]) -> None:
+def test_fleet_survives_three_worker_kills(tmp_path: Path, pg_url: str, run_ids: list[str]) -> None:
     mdir = tmp_path / "mission"
     mdir.mkdir()
     (mdir / "scenario.yaml").write_text(SCENARIO)
@@ -147,13 +183,28 @@ def test_fleet_survives_two_worker_kills(tmp_path: Path, pg_url: str, run_ids: l
     logs = tmp_path / "logs"
     logs.mkdir()
     started = time.monotonic()
-    workers = [_worker(pg_url, work, logs / f"w{k}.log") for k in range(3)]
-    kills: list[tuple[str, str, datetime]] = []  # (run, phase, when)
+    fifo = tmp_path / "pause-at-commit"
+    os.mkfifo(fifo, 0o600)
+    workers = [
+        _worker(pg_url, work, logs / f"w{k}.log", fifo if k == 0 else None) for k in range(3)
+    ]
+    kills: list[tuple[str, str, datetime]] = []  # (run, phase at the kill, when)
     fleet = PgFleet(pg_url)
     try:
+        # Mid-commit: worker 0 stands inside the transaction recording its first commit.
+        victim = workers[0]
+        end = _wait_paused(fifo, victim)
+        rid = _leased_by(fleet, victim.pid)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        os.close(end)
+        kills.append((rid, "product", datetime.now(UTC)))  # the session's phase after its commit
+        workers.remove(victim)
+        workers.append(_worker(pg_url, work, logs / "r0.log"))
         for phase in ("agent", "verify"):
             deadline = time.monotonic() + 120
-            while (hit := _leased_in_phase(fleet, phase)) is None:
+            killed = frozenset(k[0] for k in kills)  # each run is killed at most once
+            while (hit := _leased_in_phase(fleet, phase, killed)) is None:
                 assert time.monotonic() < deadline, f"no session ever reached {phase}"
                 time.sleep(0.05)
             pid, rid = hit

@@ -15,6 +15,7 @@ import pytest
 from corral.errors import CorralError
 from corral.run.runcg import RunCgroup
 from corral.store.postgres import PgFleet
+from corral.store.worker import run_dir
 from tests.integration.run.helpers import corral, corral_argv, new_id, wait_for, write_mission
 
 pytestmark = [pytest.mark.requires_postgresql, pytest.mark.requires_sandbox]
@@ -31,7 +32,11 @@ def run_ids() -> Iterator[list[str]]:
                 cg.sweep()
 
 
-def test_submit_then_worker_drives_it(tmp_path: Path, pg_url: str, run_ids: list[str]) -> None:
+def test_submit_then_worker_drives_it(
+    tmp_path: Path, pg_worker: tuple[str, str], run_ids: list[str]
+) -> None:
+    """As the worker role of `corral store-init`: its grants are all a worker needs."""
+    pg_url = pg_worker[1]
     mission = write_mission(tmp_path / "m")
     rid = new_id()
     run_ids.append(rid)
@@ -59,7 +64,7 @@ def test_submit_then_worker_drives_it(tmp_path: Path, pg_url: str, run_ids: list
         # Every local journal row is in the shared journal exactly once.
         import sqlite3
 
-        local = sqlite3.connect(tmp_path / "w" / rid / "journal.sqlite")
+        local = sqlite3.connect(run_dir(tmp_path / "w", rid, 1) / "journal.sqlite")
         n_local = local.execute("SELECT count(*) FROM observations").fetchone()[0]
         local.close()
         j = f.journal()
@@ -102,27 +107,30 @@ def test_run_with_store_queues_and_drives_here(
     assert (q.run.id, q.run.state, q.takeovers) == (rid, "passed", 0)
 
 
-def _events(pg_url: str, rid: str) -> list[str]:
+def _events(pg_url: str, rid: str) -> list[tuple[str, dict[str, object]]]:
     with PgFleet(pg_url) as f:
         st = f.run_store(rid)
-        kinds = [e[2] for e in st.events()]
+        out = [(e[2], e[3]) for e in st.events()]
         st.close()
-    return kinds
+    return out
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known gap: on one host a stalled driver resumed after a takeover closes its"
-    " sandboxes, whose cgroup names (per run, not per driver) its successor now uses;"
-    " fix: run cgroups named per lease epoch, recovery sweeping the older ones",
-)
+def _kinds(pg_url: str, rid: str) -> list[str]:
+    return [k for k, _ in _events(pg_url, rid)]
+
+
+def _successor_in_session(pg_url: str, rid: str) -> bool:
+    kinds = _kinds(pg_url, rid)
+    return "takeover" in kinds and "session_start" in kinds[kinds.index("takeover") :]
+
+
 def test_a_stalled_worker_is_fenced_and_spares_its_successor(
     tmp_path: Path, pg_url: str, run_ids: list[str]
 ) -> None:
-    """SIGSTOP a worker mid-session past its lease; another takes over; SIGCONT the first.
-
-    The first must write nothing and kill nothing of its successor's: the run
-    passes once, in the same two sessions as without the stall.
+    """SIGSTOP a worker mid-session past its lease; another takes over on the same host
+    (same --work-dir); with the successor frozen mid-session (SIGSTOP), SIGCONT the first
+    and let it run to its exit. It must write nothing and kill nothing of its successor's:
+    the run passes once, in the same two sessions as without the stall.
     """
     mission = write_mission(tmp_path / "m", agent_sleep=8)
     rid = new_id()
@@ -131,19 +139,15 @@ def test_a_stalled_worker_is_fenced_and_spares_its_successor(
         corral("submit", str(mission), "--store", pg_url, "--id", rid, cwd=tmp_path).returncode == 0
     )
     work = tmp_path / "w"
-    argv = [
-        "worker",
-        "--store",
-        pg_url,
-        "--plain",
-        "--lease",
-        "2",
-        "--idle-exit",
-        "4",
-        "--work-dir",
-        str(work),
-    ]
-    first = subprocess.Popen(corral_argv(*argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def argv(lease: str) -> list[str]:
+        return corral_argv(
+            "worker", "--store", pg_url, "--plain", "--lease", lease, "--idle-exit", "4",
+            "--work-dir", str(work),
+        )  # fmt: skip
+
+    first = subprocess.Popen(argv("2"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    second: subprocess.Popen[bytes] | None = None
     try:
         with PgFleet(pg_url) as f:
             st = f.run_store(rid)
@@ -153,24 +157,35 @@ def test_a_stalled_worker_is_fenced_and_spares_its_successor(
                 "session 1 in its agent phase",
             )
             st.close()
+        old = RunCgroup.detect(rid, 1)
+        assert old is not None
+        wait_for(lambda: bool(old.pids()), 60, "the first driver's sandbox in its epoch's cgroup")
         first.send_signal(signal.SIGSTOP)
-        second = subprocess.Popen(
-            corral_argv(*argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
-        try:
-            wait_for(lambda: "takeover" in _events(pg_url, rid), 60, "the takeover")
-            first.send_signal(signal.SIGCONT)
-            out1, _ = first.communicate(timeout=120)
-            out2, _ = second.communicate(timeout=240)
-        finally:
-            if second.poll() is None:
-                second.kill()
-                second.wait()
+        # The successor's lease outlives its own freeze below: nobody else may claim.
+        second = subprocess.Popen(argv("120"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        wait_for(lambda: _successor_in_session(pg_url, rid), 120, "the successor's session")
+        [epoch] = [d["epoch"] for k, d in _events(pg_url, rid) if k == "takeover"]
+        assert epoch == 2
+        # The takeover swept the stalled driver's sandboxes and brokers on this host.
+        assert not old.exists() and not old.pids()
+        new = RunCgroup.detect(rid, 2)
+        assert new is not None
+        wait_for(lambda: bool(new.pids()), 60, "the successor's sandbox")
+        second.send_signal(signal.SIGSTOP)
+        first.send_signal(signal.SIGCONT)
+        out1, _ = first.communicate(timeout=120)
+        # The first ran its whole wake-up and exit while the successor stood still:
+        # the successor's sandbox, broker and run directory are untouched.
+        assert new.exists() and new.pids(), "the stalled driver killed its successor's sandbox"
+        assert run_dir(work, rid, 2).joinpath("journal.source").is_file()
+        second.send_signal(signal.SIGCONT)
+        out2, _ = second.communicate(timeout=240)
     finally:
-        if first.poll() is None:
-            first.send_signal(signal.SIGCONT)
-            first.kill()
-            first.wait()
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+                p.wait()
     assert f"run {rid} lease lost".encode() in out1, out1[-2000:]
     assert f"run {rid} passed".encode() in out2, out2[-2000:]
     with PgFleet(pg_url) as f:
@@ -178,4 +193,6 @@ def test_a_stalled_worker_is_fenced_and_spares_its_successor(
         assert [(s.n, s.state) for s in st.sessions()] == [(1, "done"), (2, "done")]
         st.close()
         assert f.attempts(rid) == [(1, 1, "agent")]
-    assert _events(pg_url, rid).count("run_end") == 1
+    assert _kinds(pg_url, rid).count("run_end") == 1
+    cg = RunCgroup.detect(rid)
+    assert cg is not None and not cg.exists(), "the final driver removes the run's cgroups"
