@@ -26,6 +26,7 @@ from corral.verify.probes import (
     viewer,
 )
 from corral.verify.probes import broker_tcp as broker_tcp_mod
+from corral.verify.probes import broker_tls_sni as broker_tls_sni_mod
 from corral.verify.probes._prelude import PRELUDE
 
 __all__ = ["PRELUDE", "all_probes"]
@@ -55,6 +56,7 @@ def all_probes() -> list[Probe]:
         *viewer.PROBES,
         *broker_tcp_mod.PROBES,
         *broker_control.PROBES,
+        *broker_tls_sni_mod.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:
