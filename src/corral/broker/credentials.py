@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import codecs
 import re
-import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -117,7 +117,7 @@ class Credentials:
             return None
         views = [data]
         if b"%" in data:
-            views.append(urllib.parse.unquote_to_bytes(data))
+            views.append(_percent_decoded(data))
         for view in views:
             lowered = view.lower()
             for cred, folded, cased in unbound:
@@ -171,6 +171,18 @@ class Credentials:
         for c in self.items:
             pairs += [(c.value, c.placeholder), (base64.b64encode(c.value), c.placeholder)]
         return Scrub(tuple(pairs))
+
+
+def _percent_decoded(data: bytes) -> bytes:
+    """`data` with %XX decoded at C speed (a view to scan; a bad escape becomes `?`).
+
+    `urllib.parse.unquote_to_bytes` loops in Python per escape: ~3 s for
+    16 MiB of escapes, stalling the broker's event loop. With every
+    backslash doubled, `%` turned into `\\x` is the only escape left for
+    `codecs.escape_decode`, which decodes in C.
+    """
+    escaped = data.replace(b"\\", b"\\\\").replace(b"%", b"\\x")
+    return codecs.escape_decode(escaped, "replace")[0]
 
 
 def _encodings(placeholder: bytes) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:

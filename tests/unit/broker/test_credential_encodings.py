@@ -67,3 +67,32 @@ def test_only_unbound_credentials_are_looked_for() -> None:
     assert creds.encoded_leak(body, "b.test") is None
     assert creds.encoded_leak(body, "a.test") == "b"
     assert Credentials([]).encoded_leak(body, "a.test") is None
+
+
+@given(
+    random=st.binary(min_size=16, max_size=16),
+    mask=st.lists(st.sampled_from(["keep", "lower", "upper"]), min_size=51, max_size=51),
+    around=_text,
+)
+def test_a_placeholder_with_any_characters_percent_encoded_is_a_leak(
+    random: bytes, mask: list[str], around: bytes
+) -> None:
+    ph = new_placeholder(random).encode()
+    assert len(ph) == len(mask)
+    shown = b"".join(
+        bytes([c]) if m == "keep" else (f"%{c:02x}" if m == "lower" else f"%{c:02X}").encode()
+        for c, m in zip(ph, mask, strict=True)
+    )
+    creds = Credentials([Credential("gh", ph, b"real", frozenset({"api.test"}))])
+    assert creds.encoded_leak(around + shown + around, "evil.test") == "gh"
+
+
+@given(data=st.binary(max_size=512), safe=st.sampled_from(["", "/", "%\\"]))
+def test_percent_view_decodes_what_urllib_encodes(data: bytes, safe: str) -> None:
+    from corral.broker.credentials import _percent_decoded
+
+    # A '%' or '\\' left unescaped must not shift what follows.
+    quoted = urllib.parse.quote_from_bytes(data, safe=safe).encode()
+    if "%" not in safe:
+        assert _percent_decoded(quoted) == data
+    assert len(_percent_decoded(quoted)) <= len(quoted)
