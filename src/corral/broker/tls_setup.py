@@ -115,7 +115,9 @@ def apply_to_spec(
     the run's host-private directory, which no sandbox's bind can traverse
     and no snapshot includes).
     """
-    if spec.network.broker_config is None:
+    if spec.network.broker_config is None or not needs_interception(
+        BrokerConfig.from_json(spec.network.broker_config)
+    ):
         return spec
     directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="corral-tls-")))
     os.chmod(directory, 0o711)  # traversable for bwrap; the key's own directory is 0700
