@@ -238,7 +238,7 @@ class _Intercepted(_ClientConnection):
             )
         creds = self.state.credentials
         swapped = creds.swap_headers(request.headers, host)
-        leak = swapped.leaked or creds.leak_in(target, host)
+        leak = swapped.leaked or creds.leak_in(target, host) or _encoded_leak(creds, request, host)
         if refusal is None and leak is not None:
             refusal = (
                 403,
@@ -253,6 +253,23 @@ class _Intercepted(_ClientConnection):
         declared = _declared_length(request)
         if declared is not None and declared > self.limits.max_body_bytes:
             return await self._refuse_body(action, extra, declared)
+        raw: bytes | None = None
+        if creds and not _bodyless(request):
+            # With credentials in the run every body is read (bounded by the
+            # body limit) and scanned before the request is decided: a
+            # placeholder streamed through could not be taken back.
+            try:
+                raw = await self._read_body()
+            except _BodyLimit:
+                why = f"request body is over the {self.limits.max_body_bytes}-byte limit"
+                return await self._refuse(action, extra, 413, "body-limit", why)
+            leak = creds.encoded_leak(raw, host)
+            if leak is not None:
+                reason = (
+                    f"the placeholder of credential {leak} was sent in a request body to "
+                    f"{host}, which it is not bound to"
+                )
+                return await self._refuse(action, extra, 403, EXFILTRATION_RULE, reason)
         admitted = await self._admit(action, tunnel.port, extra)
         if admitted is None:
             return False
@@ -264,14 +281,7 @@ class _Intercepted(_ClientConnection):
             headers = [(n, v) for n, v in headers if n != b"accept-encoding"]
             headers.append((b"accept-encoding", b"identity"))
         body: bytes | None = None
-        if not _bodyless(request) and any(c.in_body and host in c.hosts for c in creds.items):
-            try:
-                raw = await self._read_body()
-            except _BodyLimit:
-                why = f"request body is over the {self.limits.max_body_bytes}-byte limit"
-                self._outcome(obs_id, (0, 0), time.monotonic(), {"error": why})
-                await self._deny(413, "body-limit", why)
-                return False
+        if raw is not None:
             body, _ = creds.swap_body(raw, host)
             headers = [
                 (n, v) for n, v in headers if n not in (b"content-length", b"transfer-encoding")
@@ -291,6 +301,17 @@ class _Intercepted(_ClientConnection):
             body=body,
             scrub=creds.scrub(swapped.reverse) if creds.bound(host) else None,
         )
+
+
+def _encoded_leak(creds: Credentials, request: h11.Request, host: str) -> str | None:
+    """A placeholder re-encoded (hex, base64, percent) in the target or a header."""
+    if not creds:
+        return None
+    for data in (request.target, *(v for _, v in request.headers)):
+        leak = creds.encoded_leak(data, host)
+        if leak is not None:
+            return leak
+    return None
 
 
 def _host_refusal(hosts: list[bytes], host: str, port: int) -> tuple[int, str, str] | None:
@@ -319,7 +340,11 @@ def leak_rule(creds: Credentials, request: h11.Request) -> str | None:
     """
     if not creds:
         return None
-    return creds.swap_headers(request.headers, "").leaked or creds.leak_in(request.target, "")
+    return (
+        creds.swap_headers(request.headers, "").leaked
+        or creds.leak_in(request.target, "")
+        or _encoded_leak(creds, request, "")
+    )
 
 
 async def refuse_plain_leak(

@@ -59,8 +59,12 @@ def _name(common: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
 
 
-def create_ca(directory: Path) -> CaFiles:
-    """A new CA below `directory` (created 0700); see the module docstring."""
+def create_ca(directory: Path, key_dir: Path | None = None) -> CaFiles:
+    """A new CA below `directory` (created 0700); see the module docstring.
+
+    `key_dir` (created 0700) takes the key instead of `directory/key`: a
+    host-private place no sandbox's bind can traverse to (`corral run`).
+    """
     now = datetime.datetime.now(datetime.UTC)
     key = ec.generate_private_key(ec.SECP256R1())
     name = _name(f"corral run CA {os.urandom(4).hex()}")
@@ -92,7 +96,7 @@ def create_ca(directory: Path) -> CaFiles:
     )
     pem = cert.public_bytes(serialization.Encoding.PEM)
     public = directory / "public"
-    private = directory / "key"
+    private = directory / "key" if key_dir is None else key_dir
     for d in (directory, public, private):
         d.mkdir(mode=0o700, exist_ok=True)
     # bwrap binds the bundle as the sandbox's (mapped) user: the path must be

@@ -67,8 +67,13 @@ def needs_interception(config: BrokerConfig) -> bool:
     )
 
 
-def prepare_interception(config_json: str, directory: Path) -> Interception | None:
-    """Set up interception below `directory` (host-private), or None when none is needed."""
+def prepare_interception(
+    config_json: str, directory: Path, key_dir: Path | None = None
+) -> Interception | None:
+    """Set up interception below `directory` (host-private), or None when none is needed.
+
+    `key_dir`: where the CA key goes instead of below `directory` (see `create_ca`).
+    """
     config = BrokerConfig.from_json(config_json)
     if not needs_interception(config):
         return None
@@ -78,7 +83,7 @@ def prepare_interception(config_json: str, directory: Path) -> Interception | No
         )
     from corral.broker.mitm import create_ca
 
-    files = create_ca(directory)
+    files = create_ca(directory, key_dir)
     env: dict[str, str] = {}
     credentials = []
     for cred in config.credentials:
@@ -99,13 +104,29 @@ def prepare_interception(config_json: str, directory: Path) -> Interception | No
     return Interception(updated.to_json(), env, str(files.bundle))
 
 
-def apply_to_spec(spec: SandboxSpec, stack: contextlib.ExitStack) -> SandboxSpec:
-    """`spec` with interception prepared (a private directory removed by `stack`)."""
-    if spec.network.broker_config is None:
+def apply_to_spec(
+    spec: SandboxSpec, stack: contextlib.ExitStack, key_below: Path | None = None
+) -> SandboxSpec:
+    """`spec` with interception prepared in private directories `stack` removes.
+
+    The public files (the bundle bwrap binds) go to a fresh directory below
+    the system's temporary directory; the key goes there too (`corral exec`)
+    or, with `key_below`, to a fresh 0700 directory below it (`corral run`:
+    the run's host-private directory, which no sandbox's bind can traverse
+    and no snapshot includes).
+    """
+    if spec.network.broker_config is None or not needs_interception(
+        BrokerConfig.from_json(spec.network.broker_config)
+    ):
         return spec
     directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="corral-tls-")))
     os.chmod(directory, 0o711)  # traversable for bwrap; the key's own directory is 0700
-    prepared = prepare_interception(spec.network.broker_config, directory / "ca")
+    key_dir: Path | None = None
+    if key_below is not None:
+        key_below.mkdir(mode=0o700, parents=True, exist_ok=True)
+        made = tempfile.TemporaryDirectory(prefix="corral-tls-", dir=key_below)
+        key_dir = Path(stack.enter_context(made))
+    prepared = prepare_interception(spec.network.broker_config, directory / "ca", key_dir)
     if prepared is None:
         return spec
     env = {**dict(spec.env), **prepared.env}

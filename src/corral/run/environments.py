@@ -231,9 +231,12 @@ def agent_broker_config(
     network = mission.settings.network
     return base.model_copy(
         update={
+            "rules": (*base.rules, *network.rules),
             "routes": {PROVIDER_ROUTE: route},
             "host_services": network.host_services,
             "tcp": network.tcp,
+            "credentials": network.credentials,
+            "upstream_tls": network.upstream_tls,
         }
     )
 

@@ -34,7 +34,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from corral.broker.config import HostServiceConfig, TcpRuleConfig
+from corral.broker.config import (
+    CredentialConfig,
+    HostServiceConfig,
+    RuleConfig,
+    TcpRuleConfig,
+    TlsConfig,
+)
 from corral.errors import ConfigError, UsageError
 from corral.run.checkspec import HttpStep, check_env, check_steps
 from corral.run.envnet import EnvNetwork, SecretSettings, check_secret_names
@@ -220,7 +226,10 @@ class NetworkSettings(BaseModel):
     """`[network]`: destinations the agent may reach besides the provider.
 
     `[[network.host_services]]` and `[[network.tcp]]` are the broker's
-    (docs/broker.md, "Host services" and "Raw TCP").
+    (docs/broker.md, "Host services" and "Raw TCP"); so are
+    `[[network.rules]]` (method/path rules, enforced inside HTTPS by
+    interception), `[[network.credentials]]` (placeholders) and
+    `[network.upstream_tls]` (docs/broker.md, "TLS interception").
     """
 
     model_config = _FROZEN
@@ -231,6 +240,9 @@ class NetworkSettings(BaseModel):
     # issue 14: the product's and the verifier's own allowlists (corral.run.envnet).
     product: EnvNetwork = EnvNetwork()
     verifier: EnvNetwork = EnvNetwork()
+    rules: tuple[RuleConfig, ...] = ()
+    credentials: tuple[CredentialConfig, ...] = ()
+    upstream_tls: TlsConfig = TlsConfig()
 
     @field_validator("allow")
     @classmethod
@@ -242,6 +254,23 @@ class NetworkSettings(BaseModel):
         except ConfigError as exc:
             raise ValueError(str(exc).replace("--allow ", "")) from None
         return value
+
+    @model_validator(mode="after")
+    def _together(self) -> NetworkSettings:
+        # Rule ids and credential names must be unique across the allow list
+        # and the tables: checked at load, not when a session starts.
+        from corral.broker.config import BrokerConfig
+
+        base = BrokerConfig.from_allow_flags(self.allow)
+        BrokerConfig.model_validate(
+            {
+                "rules": [*base.rules, *self.rules],
+                "credentials": self.credentials,
+                "host_services": self.host_services,
+                "tcp": self.tcp,
+            }
+        )
+        return self
 
 
 class McpServer(BaseModel):

@@ -252,6 +252,17 @@ def _start_sandbox(
     )
 
 
+def _intercepted(plan: SessionPlan, spec: SandboxSpec, stack: contextlib.ExitStack) -> SandboxSpec:
+    """`spec` with the session's CA and placeholders when its rules need interception.
+
+    The CA key lives below the run's host-private `tls/` (removed with the
+    session); the rest is `corral exec`'s composition (`tls_setup`).
+    """
+    from corral.broker.tls_setup import apply_to_spec
+
+    return apply_to_spec(spec, stack, plan.journal_path.parent / "tls")
+
+
 def _control_socket(plan: SessionPlan) -> Path:
     # The run directory is host-private; no sandbox binds it (docs/broker.md "Live policy").
     from corral.broker.control import run_control_dir, socket_name
@@ -272,8 +283,14 @@ def _agent(
     from corral.broker.attach import EgressBroker
 
     ident = plan.identity
+    try:
+        spec = _intercepted(plan, spec, stack)
+    except CorralError as exc:
+        _event(journal, ident, "refused", f"TLS interception: {exc}", decision="deny")
+        return SessionOutcome(f"refused: {exc}", None, None, None, refused="sandbox")
+    assert spec.network.broker_config is not None
     egress = EgressBroker(
-        broker.to_json(),
+        spec.network.broker_config,
         plan.journal_path,
         run=ident.run,
         session=ident.session,

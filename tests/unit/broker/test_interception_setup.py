@@ -64,3 +64,32 @@ def test_no_interception_without_credentials_or_restricted_rules(tmp_path: Path)
     config = BrokerConfig(rules=(RuleConfig(host="api.test"),))
     assert prepare_interception(config.to_json(), tmp_path / "ca") is None
     assert not (tmp_path / "ca").exists()
+
+
+def test_run_session_key_goes_below_the_run_and_goes_with_the_session(tmp_path: Path) -> None:
+    import contextlib
+    import os
+    from dataclasses import replace
+
+    from corral.broker.tls_setup import apply_to_spec
+    from corral.sandbox.spec import NetworkSpec, SandboxSpec
+
+    cred = CredentialConfig(name="gh", env="GH", value="env:GH", hosts=("api.test",))
+    plain = BrokerConfig(rules=(RuleConfig(host="plain.test"),))
+    needs = BrokerConfig(rules=(RuleConfig(host="api.test"),), credentials=(cred,))
+    run_tls = tmp_path / "run" / "tls"
+    base = SandboxSpec(argv=("true",), workspace=str(tmp_path / "ws"), env=())
+    with contextlib.ExitStack() as stack:
+        spec = replace(base, network=NetworkSpec(broker_config=plain.to_json()))
+        assert apply_to_spec(spec, stack, run_tls) is spec
+        assert not run_tls.exists()  # nothing made when nothing is intercepted
+        spec = replace(base, network=NetworkSpec(broker_config=needs.to_json()))
+        out = apply_to_spec(spec, stack, run_tls)
+        mitm = BrokerConfig.from_json(out.network.broker_config or "").mitm
+        assert mitm is not None and Path(mitm.ca_key).parent.parent == run_tls
+        assert stat.S_IMODE(os.stat(Path(mitm.ca_key).parent).st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(mitm.ca_key).st_mode) == 0o600
+        assert out.network.trust_bundle is not None
+        assert not out.network.trust_bundle.startswith(str(run_tls))
+    assert list(run_tls.iterdir()) == []
+    assert not Path(out.network.trust_bundle).exists()

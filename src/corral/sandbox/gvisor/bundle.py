@@ -31,6 +31,8 @@ __all__ = [
 PLATFORMS: tuple[str, ...] = ("systrap", "kvm", "ptrace")
 #: /etc files the sandbox gets from corral, not from the host.
 SYNTHETIC_ETC: tuple[str, ...] = ("passwd", "group", "hosts")
+#: Where `NetworkSpec.trust_bundle` is shown (as `namespace.SYSTEM_TRUST_BUNDLE`).
+TRUST_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 #: Directories that start empty and die with the sandbox.
 _TMPFS: tuple[str, ...] = ("/tmp", "/home", "/var", "/var/tmp", "/run")
 
@@ -92,6 +94,10 @@ def build_config(plan: BundlePlan) -> dict[str, object]:
             mounts.append(_bind(path, path, False))
         for name in SYNTHETIC_ETC:
             mounts.append(_bind(posixpath.join(plan.files_dir, name), f"/etc/{name}", False))
+    if spec.network.trust_bundle is not None:
+        # Over the host's bundle inside the /etc bound above: the host store
+        # plus the run's interception CA (broker.tls_setup).
+        mounts.append(_bind(spec.network.trust_bundle, TRUST_BUNDLE, False))
     for b in sorted((*plan.binds, *plan.protect_binds), key=_depth_key):
         mounts.append(_bind(b.source, b.dest, b.writable))
     no_caps: list[str] = []

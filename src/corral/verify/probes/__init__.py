@@ -27,6 +27,7 @@ from corral.verify.probes import (
     viewer,
 )
 from corral.verify.probes import broker_tcp as broker_tcp_mod
+from corral.verify.probes import broker_tls_sni as broker_tls_sni_mod
 from corral.verify.probes import check_reasons as check_reasons_mod
 from corral.verify.probes import kernel_denials as kernel_denials_mod
 from corral.verify.probes._prelude import PRELUDE
@@ -61,6 +62,7 @@ def all_probes() -> list[Probe]:
         *check_reasons_mod.PROBES,
         *browser_check.PROBES,
         *kernel_denials_mod.PROBES,
+        *broker_tls_sni_mod.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:
