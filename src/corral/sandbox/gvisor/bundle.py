@@ -18,11 +18,14 @@ from corral.sandbox.bwrap import StagedBind
 from corral.sandbox.spec import SandboxSpec
 
 __all__ = [
+    "HOLDER",
+    "HOLDER_READY",
     "PLATFORMS",
     "SYNTHETIC_ETC",
     "BundlePlan",
     "build_config",
     "choose_platform",
+    "command_process",
     "mount_points",
     "runsc_argv",
 ]
@@ -31,6 +34,18 @@ __all__ = [
 PLATFORMS: tuple[str, ...] = ("systrap", "kvm", "ptrace")
 #: /etc files the sandbox gets from corral, not from the host.
 SYNTHETIC_ETC: tuple[str, ...] = ("passwd", "group", "hosts")
+#: The container's pid 1: uid 0 without capabilities, so the command (another
+#: uid, no capabilities) can neither signal nor ptrace it; gVisor would end the
+#: sandbox, and kill the command's other processes uncounted, when it exits.
+#: It says "ready" once it runs; while it waits for its sleep, dash's wait
+#: reaps any child, so what the command orphans does not linger as zombies.
+HOLDER: tuple[str, ...] = (
+    "/bin/sh",
+    "-c",
+    "echo ready; while :; do sleep 100000 & wait; done",
+)
+#: What the holder writes on its stdout once it runs.
+HOLDER_READY = b"ready\n"
 #: Directories that start empty and die with the sandbox.
 _TMPFS: tuple[str, ...] = ("/tmp", "/home", "/var", "/var/tmp", "/run")
 
@@ -94,28 +109,9 @@ def build_config(plan: BundlePlan) -> dict[str, object]:
             mounts.append(_bind(posixpath.join(plan.files_dir, name), f"/etc/{name}", False))
     for b in sorted((*plan.binds, *plan.protect_binds), key=_depth_key):
         mounts.append(_bind(b.source, b.dest, b.writable))
-    no_caps: list[str] = []
-    process: dict[str, object] = {
-        "terminal": False,
-        "user": {"uid": plan.uid, "gid": plan.gid, "additionalGids": []},
-        "args": list(spec.argv),
-        "env": [f"{k}={v}" for k, v in spec.env],
-        "cwd": spec.workspace,
-        "capabilities": {
-            "bounding": no_caps,
-            "effective": list(no_caps),
-            "inheritable": list(no_caps),
-            "permitted": list(no_caps),
-            "ambient": list(no_caps),
-        },
-        "noNewPrivileges": True,
-    }
-    if spec.limits.pids is not None:
-        # The sentry enforces RLIMIT_NPROC over the command's uid, i.e. over
-        # every process of the sandbox: the exact limit the spec asks for.
-        # The cgroup only bounds gVisor's host tasks (backend.cgroup_limits).
-        n = spec.limits.pids
-        process["rlimits"] = [{"type": "RLIMIT_NPROC", "hard": n, "soft": n}]
+    # The container's own process is the holder (see HOLDER); the command is
+    # `runsc exec`ed beside it (`command_process`).
+    process = _process(list(HOLDER), ["PATH=/usr/bin:/bin"], "/", 0, 0)
     return {
         "ociVersion": "1.0.0",
         "process": process,
@@ -133,6 +129,37 @@ def build_config(plan: BundlePlan) -> dict[str, object]:
             "readonlyPaths": ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"],
         },
     }
+
+
+def _process(args: list[str], env: list[str], cwd: str, uid: int, gid: int) -> dict[str, object]:
+    no_caps: list[str] = []
+    return {
+        "terminal": False,
+        "user": {"uid": uid, "gid": gid, "additionalGids": []},
+        "args": args,
+        "env": env,
+        "cwd": cwd,
+        "capabilities": {
+            "bounding": no_caps,
+            "effective": list(no_caps),
+            "inheritable": list(no_caps),
+            "permitted": list(no_caps),
+            "ambient": list(no_caps),
+        },
+        "noNewPrivileges": True,
+    }
+
+
+def command_process(plan: BundlePlan) -> dict[str, object]:
+    """The command's OCI process, for `runsc exec --process` (a fresh document each call).
+
+    No RLIMIT_NPROC: `runsc exec` does not apply a process's rlimits, and the
+    sandbox's cgroup is the pids limit the host reads (backend.cgroup_limits).
+    """
+    spec = plan.spec
+    return _process(
+        list(spec.argv), [f"{k}={v}" for k, v in spec.env], spec.workspace, plan.uid, plan.gid
+    )
 
 
 def mount_points(plan: BundlePlan) -> tuple[tuple[str, str | None], ...]:
