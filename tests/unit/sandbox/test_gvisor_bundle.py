@@ -53,7 +53,7 @@ _NO_CAPS: dict[str, list[str]] = {
     k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")
 }
 #: The command, `runsc exec`ed beside the holder: the caller's uid, no
-#: capabilities, exactly the spec's env, no rlimit (the cgroup bounds pids).
+#: capabilities, exactly the spec's env (rlimits: the container's).
 COMMAND: dict[str, object] = {
     "terminal": False,
     "user": {"uid": 1000, "gid": 1000, "additionalGids": []},
@@ -73,6 +73,7 @@ GOLDEN: dict[str, object] = {
         "cwd": "/",
         "capabilities": _NO_CAPS,
         "noNewPrivileges": True,
+        "rlimits": [{"type": "RLIMIT_NPROC", "hard": 100, "soft": 100}],
     },
     "root": {"path": "rootfs", "readonly": True},
     "hostname": "corral",

@@ -112,6 +112,14 @@ def build_config(plan: BundlePlan) -> dict[str, object]:
     # The container's own process is the holder (see HOLDER); the command is
     # `runsc exec`ed beside it (`command_process`).
     process = _process(list(HOLDER), ["PATH=/usr/bin:/bin"], "/", 0, 0)
+    if spec.limits.pids is not None:
+        # The sentry enforces RLIMIT_NPROC per uid, and `runsc exec` gives the
+        # command the container's rlimits (not its own process's): the
+        # command's uid gets exactly the processes the spec allows. The
+        # cgroup only bounds gVisor's host tasks (backend.cgroup_limits); a
+        # refusal here is the sentry's and not visible to the host.
+        n = spec.limits.pids
+        process["rlimits"] = [{"type": "RLIMIT_NPROC", "hard": n, "soft": n}]
     return {
         "ociVersion": "1.0.0",
         "process": process,
@@ -153,8 +161,8 @@ def _process(args: list[str], env: list[str], cwd: str, uid: int, gid: int) -> d
 def command_process(plan: BundlePlan) -> dict[str, object]:
     """The command's OCI process, for `runsc exec --process` (a fresh document each call).
 
-    No RLIMIT_NPROC: `runsc exec` does not apply a process's rlimits, and the
-    sandbox's cgroup is the pids limit the host reads (backend.cgroup_limits).
+    No rlimits: `runsc exec` ignores a process's own and applies the
+    container's (`build_config`).
     """
     spec = plan.spec
     return _process(
