@@ -508,9 +508,9 @@ class GVisorBackend:
             os.close(err_r)
             os.close(ready_w)
             fds.remove(ready_w)
+            link: gnet.BrokerLink | None = None
             if with_net:
                 assert network is not None
-                link = None
                 try:
                     from corral.sandbox.gvisor.connect import ExecTarget
 
@@ -536,6 +536,9 @@ class GVisorBackend:
             located = Located(runsc, os.path.join(base, "state"), name, proc.pid)
             try:
                 _await_holder(ready_r, proc, os.path.join(base, "runsc.log"))
+                if link is not None:
+                    for relay_sock in link.start_relays():
+                        relay_sock.close()
                 command = _exec_command(located, bd.command_process(plan), base, attach_fds, relay)
             except BaseException:
                 self._abort(proc, cgroup, relay)
