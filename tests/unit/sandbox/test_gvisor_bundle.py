@@ -8,6 +8,7 @@ import signal
 from corral.sandbox.bwrap import StagedBind
 from corral.sandbox.gvisor import bundle as bd
 from corral.sandbox.gvisor.backend import RUNSC_TASKS, TASKS_PER_PROCESS, cgroup_limits, decide_exit
+from corral.sandbox.gvisor.ps import parse_ps_table
 from corral.sandbox.spec import Bind, Limits, SandboxSpec
 
 SPEC = SandboxSpec(
@@ -48,17 +49,29 @@ def _t(dst: str, mode: str = "mode=755") -> dict[str, object]:
     }
 
 
+_NO_CAPS: dict[str, list[str]] = {
+    k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")
+}
+#: The command, `runsc exec`ed beside the holder: the caller's uid, no
+#: capabilities, exactly the spec's env (rlimits: the container's).
+COMMAND: dict[str, object] = {
+    "terminal": False,
+    "user": {"uid": 1000, "gid": 1000, "additionalGids": []},
+    "args": ["git", "status"],
+    "env": ["PATH=/usr/bin:/bin", "HOME=/home/corral"],
+    "cwd": "/home/u/ws",
+    "capabilities": _NO_CAPS,
+    "noNewPrivileges": True,
+}
 GOLDEN: dict[str, object] = {
     "ociVersion": "1.0.0",
     "process": {
         "terminal": False,
-        "user": {"uid": 1000, "gid": 1000, "additionalGids": []},
-        "args": ["git", "status"],
-        "env": ["PATH=/usr/bin:/bin", "HOME=/home/corral"],
-        "cwd": "/home/u/ws",
-        "capabilities": {
-            k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")
-        },
+        "user": {"uid": 0, "gid": 0, "additionalGids": []},
+        "args": list(bd.HOLDER),
+        "env": ["PATH=/usr/bin:/bin"],
+        "cwd": "/",
+        "capabilities": _NO_CAPS,
         "noNewPrivileges": True,
         "rlimits": [{"type": "RLIMIT_NPROC", "hard": 100, "soft": 100}],
     },
@@ -108,9 +121,33 @@ def test_config_is_fresh_each_call() -> None:
 
 
 def test_env_is_exactly_the_spec() -> None:
-    proc = bd.build_config(PLAN)["process"]
-    assert isinstance(proc, dict)
+    proc = bd.command_process(PLAN)
+    assert proc == COMMAND
     assert proc["env"] == ["PATH=/usr/bin:/bin", "HOME=/home/corral"]
+    assert bd.command_process(PLAN) is not proc
+
+
+def test_holder_is_not_the_commands_uid() -> None:
+    """The command cannot signal a process of another uid without CAP_KILL."""
+    holder = bd.build_config(PLAN)["process"]
+    assert isinstance(holder, dict)
+    assert holder["user"] != COMMAND["user"]
+    assert holder["capabilities"] == _NO_CAPS
+
+
+def test_leftovers_from_the_ps_table() -> None:
+    table = (
+        b"UID       PID       PPID      C         TTY       STIME     TIME      CMD\n"
+        b"0         1         0         1         ?         11:03     30ms      sh\n"
+        b"0         2         1         1         ?         11:03     20ms      sleep\n"
+        b"1000      4         1         3         ?         11:03     30ms      sleep 1 0 0\n"
+        b"1000      5         4         3         ?         11:03     30ms      x\n"
+        b"1000      7         0         5         ?         11:03     50ms      python3\n"
+    )
+    assert parse_ps_table(table, 1000) == 2  # not the holder's, not an exec'd forwarder
+    assert parse_ps_table(b"", 1000) is None
+    assert parse_ps_table(table.replace(b"1000      5", b"10x0      5"), 1000) is None
+    assert parse_ps_table(b"UID PID PPID\n" + b"1000 3 1\n" * (1 << 17), 1000) is None
 
 
 def test_no_host_path_but_the_allowed_ones() -> None:
@@ -175,6 +212,9 @@ def test_exit_decision() -> None:
     assert decide_exit(rc=0, oom_kills=0, timed_out=True, interrupted=0) == (124, "timeout")
     assert decide_exit(rc=137, oom_kills=1, timed_out=False, interrupted=0) == (137, "oom")
     assert decide_exit(rc=-9, oom_kills=1, timed_out=False, interrupted=0) == (137, "oom")
+    # runsc exec lost the sentry the OOM killer picked.
+    assert decide_exit(rc=128, oom_kills=1, timed_out=False, interrupted=0) == (137, "oom")
+    assert decide_exit(rc=128, oom_kills=0, timed_out=False, interrupted=0) == (128, "exited")
     assert decide_exit(rc=-9, oom_kills=0, timed_out=False, interrupted=0) == (137, "killed")
     assert decide_exit(rc=0, oom_kills=0, timed_out=False, interrupted=signal.SIGTERM) == (
         143,

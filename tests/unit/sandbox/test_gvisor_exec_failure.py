@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from corral.sandbox.gvisor.backend import exec_failure
+from corral.sandbox.gvisor.backend import exec_argv, exec_failure
 from corral.sandbox.gvisor.bundle import runsc_argv
-from corral.sandbox.gvisor.connect import ExecTarget, forwarder_argv
+from corral.sandbox.gvisor.connect import FORWARDER, LISTENER, ExecTarget, forwarder_argv
+from corral.sandbox.gvisor.ps import Located
 
 _PFX = b"running container: starting container: starting root container: starting sandbox: "
 
@@ -43,3 +44,30 @@ def test_forwarder_runs_as_the_command_in_its_namespaces() -> None:
     assert argv[argv.index("--user") + 1] == "1000:1000"
     assert "--cap" not in argv
     assert argv[-1] == "8080"
+
+
+def test_listen_relay_runs_as_another_uid_than_the_command() -> None:
+    """The command must not be able to kill or ptrace the relay its listener depends on."""
+    t = ExecTarget(runsc="/usr/bin/runsc", state_dir="/s", container_id="c", uid=1000, gid=1000)
+    argv = forwarder_argv(t, 42, 3128, listen_to="10.200.0.1")
+    assert argv[argv.index("--user") + 1] == "0:0"
+    assert "--cap" not in argv
+    assert argv[-2:] == ["3128", "10.200.0.1"]
+    assert LISTENER in argv and FORWARDER not in argv
+
+
+def test_command_exec_argv() -> None:
+    target = Located(runsc="/usr/bin/runsc", state_dir="/s", container_id="c", holder=7)
+    argv = exec_argv(target, 42, "/b/process.json", "/x/exec.log")
+    assert argv[1:7] == ["-t", "42", "-n", "-p", "-m", "/usr/bin/runsc"]
+    assert argv[-5:] == ["--log=/x/exec.log", "exec", "--process", "/b/process.json", "c"]
+
+
+def test_exec_not_found_is_127() -> None:
+    """The line `runsc exec --log` writes when the command does not exist (as seen here)."""
+    log = (
+        b'{"msg":"executing processes for container: executing command \\"/nonexist\\" in '
+        b'sandbox: failed to load /nonexist: no such file or directory","level":"error",'
+        b'"time":"2026-12-01T11:18:14.021715031Z"}\n'
+    )
+    assert exec_failure(log) == 127

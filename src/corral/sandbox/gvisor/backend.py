@@ -46,6 +46,7 @@ from corral.sandbox.backend import GVisorConfig, SandboxNet
 from corral.sandbox.bwrap import StagedBind
 from corral.sandbox.cgroup import Cgroup, CgroupLayout, detect_layout, sweep_stale
 from corral.sandbox.gvisor import bundle as bd
+from corral.sandbox.gvisor.ps import Located, leftover_count, sandbox_pid1
 from corral.sandbox.gvisor.stdio import StdioRelay
 from corral.sandbox.handle import CgroupProcessHandle
 from corral.sandbox.namespace import (
@@ -96,15 +97,16 @@ def decide_exit(
 ) -> tuple[int, ExitReason]:
     """(exit status, reason) of a finished sandbox (pure).
 
-    `rc` is unshare's status, which is runsc's, which is the status the
+    `rc` is the status of `runsc exec` (through nsenter), which is the status the
     sentry reported for the command (outside the sandbox's reach unless it
-    escapes gVisor). A negative `rc` is a signal to unshare itself.
+    escapes gVisor). A negative `rc` is a signal to that host process.
     """
     if timed_out:
         return 124, "timeout"
     if interrupted:
         return 128 + interrupted, "killed"
-    if oom_kills > 0 and (rc is None or rc < 0 or rc == 128 + signal.SIGKILL or rc > 128):
+    # 128: `runsc exec` lost the sentry it waited on (the OOM killer's pick).
+    if oom_kills > 0 and (rc is None or rc < 0 or rc >= 128):
         return 137, "oom"
     if rc is None:
         return 125, "refused"
@@ -129,7 +131,7 @@ def exec_failure(log: bytes) -> int | None:
     """
     for line in reversed(log.splitlines()):
         text = line.decode("utf-8", "replace")
-        if "starting sandbox:" not in text:
+        if "starting sandbox:" not in text and "executing processes for container:" not in text:
             continue
         if "error finding executable" in text or "failed to load" in text:
             if "no such file or directory" in text:
@@ -236,7 +238,7 @@ class GVisorBackend:
     def check(self, spec: SandboxSpec) -> Mapping[str, str | None]:
         out: dict[str, str | None] = {}
         path, why, date = self._runsc()
-        out["runsc"] = why
+        out["runsc"] = why or (None if _which("nsenter") else "needs nsenter (runsc exec)")
         platform, pwhy = bd.choose_platform(
             self.config.platform, version_date=date, hardware_virt=_hardware_virt()
         )
@@ -479,14 +481,17 @@ class GVisorBackend:
                     raise
 
             relay = StdioRelay(stdio or (None, None, None))
-            child_stdio = relay.child_fds()
+            ready_r, ready_w = os.pipe()
+            fds += [ready_r, ready_w]
             try:
                 # preexec_fn: raw syscalls only (see NamespaceSandbox.start).
+                # runsc's own errors go to its --log; the holder's stdout
+                # says when the sandbox runs.
                 proc = subprocess.Popen(
                     argv,
-                    stdin=child_stdio[0],
-                    stdout=child_stdio[1],
-                    stderr=child_stdio[2],
+                    stdin=subprocess.DEVNULL,
+                    stdout=ready_w,
+                    stderr=subprocess.DEVNULL,
                     env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
                     preexec_fn=child_setup,  # noqa: PLW1509
                     close_fds=True,
@@ -501,10 +506,11 @@ class GVisorBackend:
                 relay.close(0)
                 raise SandboxStartError(0, f"cannot start runsc: {detail or exc}") from exc
             os.close(err_r)
-            relay.started()
+            os.close(ready_w)
+            fds.remove(ready_w)
+            link: gnet.BrokerLink | None = None
             if with_net:
                 assert network is not None
-                link = None
                 try:
                     from corral.sandbox.gvisor.connect import ExecTarget
 
@@ -527,8 +533,21 @@ class GVisorBackend:
                     if link is not None:
                         link.close()
                     os.close(block_w)
+            located = Located(runsc, os.path.join(base, "state"), name, proc.pid)
+            try:
+                _await_holder(ready_r, proc, os.path.join(base, "runsc.log"))
+                if link is not None:
+                    for relay_sock in link.start_relays():
+                        relay_sock.close()
+                command = _exec_command(located, bd.command_process(plan), base, attach_fds, relay)
+            except BaseException:
+                self._abort(proc, cgroup, relay)
+                raise
+            relay.started()
             sandbox = GVisorSandbox(
-                proc=proc,
+                proc=command,
+                holder=proc,
+                located=located,
                 cgroup=cgroup,
                 layers=layers,
                 started=started,
@@ -552,6 +571,90 @@ class GVisorBackend:
             for fd in fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+
+
+#: How long the holder may take to start; it only bounds a hang (runsc stuck).
+_HOLDER_START_S = 120.0
+
+
+def _await_holder(ready_r: int, proc: subprocess.Popen[bytes], log: str) -> None:
+    """Block until the container's holder says it runs (bundle.HOLDER); raise if runsc
+    ends or hangs first."""
+    got = b""
+    deadline = time.monotonic() + _HOLDER_START_S
+    while len(got) < len(bd.HOLDER_READY):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([ready_r], [], [], left)[0]:
+            raise SandboxStartError(0, "runsc did not start the sandbox in time")
+        chunk = os.read(ready_r, len(bd.HOLDER_READY) - len(got))
+        if not chunk:
+            break
+        got += chunk
+    if got != bd.HOLDER_READY:
+        proc.wait()
+        tail = _runsc_log(log).strip().splitlines()[-1:]
+        detail = tail[0].decode("utf-8", "replace")[-300:] if tail else f"exit {proc.returncode}"
+        raise SandboxStartError(0, f"cannot start runsc: {detail}")
+
+
+def exec_argv(target: Located, pid1: int, process_json: str, log_file: str) -> list[str]:
+    """`runsc exec` of the command beside the holder, in runsc's namespaces (pure)."""
+    return [
+        _which("nsenter") or "/usr/bin/nsenter",
+        "-t",
+        str(pid1),
+        "-n",
+        "-p",
+        "-m",
+        target.runsc,
+        "--root",
+        target.state_dir,
+        "--ignore-cgroups",
+        f"--log={log_file}",
+        "exec",
+        "--process",
+        process_json,
+        target.container_id,
+    ]
+
+
+def _exec_command(
+    target: Located,
+    process: dict[str, object],
+    base: str,
+    attach_fds: list[int],
+    relay: StdioRelay,
+) -> subprocess.Popen[bytes]:
+    """Start the command with `runsc exec`; its host process joins the sandbox's cgroup."""
+    pid1 = sandbox_pid1(target.holder)
+    if pid1 is None:
+        raise SandboxStartError(0, "the gVisor sandbox ended before the command started")
+    path = os.path.join(base, "bundle", "process.json")
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(process, fh)
+    me = os.getpid()
+
+    def child_setup() -> None:
+        for fd in attach_fds:
+            os.write(fd, b"0")
+        set_pdeathsig(signal.SIGKILL)
+        if os.getppid() != me:
+            os._exit(125)
+
+    child_stdio = relay.child_fds()
+    try:
+        return subprocess.Popen(
+            exec_argv(target, pid1, path, os.path.join(base, "exec.log")),
+            stdin=child_stdio[0],
+            stdout=child_stdio[1],
+            stderr=child_stdio[2],
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+            preexec_fn=child_setup,  # noqa: PLW1509
+            close_fds=True,
+            cwd="/",
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise SandboxStartError(0, f"cannot start the command with runsc exec: {exc}") from exc
 
 
 def unshare_net() -> None:
@@ -597,16 +700,19 @@ class GVisorSandbox(CgroupProcessHandle):
     Where the report's values come from: the exit status is runsc's, which
     the sentry (gVisor's kernel, outside the command's reach) reported;
     cpu, memory, OOM kills and pids-limit hits are the kernel's counters of
-    the cgroup that holds runsc, the sentry and the gofer. When the
-    command (the container's init) exits, the sentry kills every other
-    process of the sandbox; they are not counted one by one
-    (`processes_killed_at_end` stays 0, `layers["leftovers"]` says so).
+    the cgroup that holds runsc, the sentry and the gofer. `proc` is the
+    command's `runsc exec` (its status is the command's, from the sentry);
+    `holder` is `runsc run`, whose container process (bundle.HOLDER) keeps
+    the sandbox alive after the command exits, so the host counts what the
+    command left with `runsc ps` (the sentry's list) before it kills them.
     """
 
     def __init__(
         self,
         *,
         proc: subprocess.Popen[bytes],
+        holder: subprocess.Popen[bytes] | None = None,
+        located: Located | None = None,
         cgroup: Cgroup | None,
         layers: dict[str, object],
         started: float,
@@ -616,10 +722,13 @@ class GVisorSandbox(CgroupProcessHandle):
         relay: StdioRelay | None = None,
     ) -> None:
         self.proc = proc
+        self.holder = holder
+        self._located = located
+        self._leftovers = 0
         self._relay = relay
         self.cgroup = cgroup
         self._layers = layers
-        self._layers["leftovers"] = "killed by the sentry when the command exits; not counted"
+        self._layers["leftovers"] = "counted by runsc ps before teardown"
         self.started = started
         self.base = base
         self.runsc = runsc
@@ -632,7 +741,22 @@ class GVisorSandbox(CgroupProcessHandle):
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        """The host pid of `unshare`, which holds runsc's PID namespace."""
+        return self.holder.pid if self.holder is not None else self.proc.pid
+
+    def kill_all(self) -> None:
+        super().kill_all()
+        if self.holder is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.holder.kill()
+
+    def _count_leftovers(self) -> None:
+        if self._located is None:
+            return
+        n = leftover_count(self._located, INSIDE_UID)
+        if n is None:
+            self._layers["leftovers"] = "runsc ps did not answer; not counted"
+        self._leftovers = n or 0
 
     def _freezer(self) -> str:
         if self.cgroup is None or "freezer" not in self.cgroup.dirs:
@@ -666,6 +790,8 @@ class GVisorSandbox(CgroupProcessHandle):
         if timed_out:
             self.kill_all()
             self.proc.wait()
+        else:
+            self._count_leftovers()
         return self._finish(timed_out=timed_out)
 
     def interrupt(self, signum: int) -> ExecResult:
@@ -674,9 +800,10 @@ class GVisorSandbox(CgroupProcessHandle):
         return self._finish(timed_out=False, interrupted=signum)
 
     def _finish(self, *, timed_out: bool, interrupted: int = 0) -> ExecResult:
+        self.kill_all()
+        if self.holder is not None:
+            self.holder.wait()
         if self.cgroup is not None:
-            with contextlib.suppress(CgroupError):
-                self.cgroup.kill()
             self.cgroup.wait_empty(10.0)
         if self._relay is not None:
             # Every writer of the output pipes is dead: this only drains.
@@ -685,7 +812,7 @@ class GVisorSandbox(CgroupProcessHandle):
         oom = usage.oom_kills if usage else 0
         rc = self.proc.returncode
         if rc == 128 and not timed_out and not interrupted:
-            rc = exec_failure(_runsc_log(os.path.join(self.base, "runsc.log"))) or rc
+            rc = exec_failure(_runsc_log(os.path.join(self.base, "exec.log"))) or rc
         code, reason = decide_exit(
             rc=rc, oom_kills=oom, timed_out=timed_out, interrupted=interrupted
         )
@@ -695,7 +822,7 @@ class GVisorSandbox(CgroupProcessHandle):
             wall_s=time.monotonic() - self.started,
             cpu_s=usage.cpu_s if usage else 0.0,
             peak_memory_bytes=usage.peak_memory_bytes if usage else 0,
-            processes_killed_at_end=0,
+            processes_killed_at_end=self._leftovers,
             layers=dict(self._layers),
             oom_kills=oom,
             pids_limit_hits=usage.pids_limit_hits if usage else 0,
@@ -706,9 +833,11 @@ class GVisorSandbox(CgroupProcessHandle):
             return
         self._closed = True
         try:
-            if self.proc.poll() is None:
+            if self.proc.poll() is None or (self.holder and self.holder.poll() is None):
                 self.kill_all()
                 self.proc.wait()
+                if self.holder is not None:
+                    self.holder.wait()
             if self.cgroup is not None:
                 self.cgroup.remove()
         finally:

@@ -18,11 +18,14 @@ from corral.sandbox.bwrap import StagedBind
 from corral.sandbox.spec import SandboxSpec
 
 __all__ = [
+    "HOLDER",
+    "HOLDER_READY",
     "PLATFORMS",
     "SYNTHETIC_ETC",
     "BundlePlan",
     "build_config",
     "choose_platform",
+    "command_process",
     "mount_points",
     "runsc_argv",
 ]
@@ -33,6 +36,18 @@ PLATFORMS: tuple[str, ...] = ("systrap", "kvm", "ptrace")
 SYNTHETIC_ETC: tuple[str, ...] = ("passwd", "group", "hosts")
 #: Where `NetworkSpec.trust_bundle` is shown (as `namespace.SYSTEM_TRUST_BUNDLE`).
 TRUST_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+#: The container's pid 1: uid 0 without capabilities, so the command (another
+#: uid, no capabilities) can neither signal nor ptrace it; gVisor would end the
+#: sandbox, and kill the command's other processes uncounted, when it exits.
+#: It says "ready" once it runs; while it waits for its sleep, dash's wait
+#: reaps any child, so what the command orphans does not linger as zombies.
+HOLDER: tuple[str, ...] = (
+    "/bin/sh",
+    "-c",
+    "echo ready; while :; do sleep 100000 & wait; done",
+)
+#: What the holder writes on its stdout once it runs.
+HOLDER_READY = b"ready\n"
 #: Directories that start empty and die with the sandbox.
 _TMPFS: tuple[str, ...] = ("/tmp", "/home", "/var", "/var/tmp", "/run")
 
@@ -100,26 +115,15 @@ def build_config(plan: BundlePlan) -> dict[str, object]:
         mounts.append(_bind(spec.network.trust_bundle, TRUST_BUNDLE, False))
     for b in sorted((*plan.binds, *plan.protect_binds), key=_depth_key):
         mounts.append(_bind(b.source, b.dest, b.writable))
-    no_caps: list[str] = []
-    process: dict[str, object] = {
-        "terminal": False,
-        "user": {"uid": plan.uid, "gid": plan.gid, "additionalGids": []},
-        "args": list(spec.argv),
-        "env": [f"{k}={v}" for k, v in spec.env],
-        "cwd": spec.workspace,
-        "capabilities": {
-            "bounding": no_caps,
-            "effective": list(no_caps),
-            "inheritable": list(no_caps),
-            "permitted": list(no_caps),
-            "ambient": list(no_caps),
-        },
-        "noNewPrivileges": True,
-    }
+    # The container's own process is the holder (see HOLDER); the command is
+    # `runsc exec`ed beside it (`command_process`).
+    process = _process(list(HOLDER), ["PATH=/usr/bin:/bin"], "/", 0, 0)
     if spec.limits.pids is not None:
-        # The sentry enforces RLIMIT_NPROC over the command's uid, i.e. over
-        # every process of the sandbox: the exact limit the spec asks for.
-        # The cgroup only bounds gVisor's host tasks (backend.cgroup_limits).
+        # The sentry enforces RLIMIT_NPROC per uid, and `runsc exec` gives the
+        # command the container's rlimits (not its own process's): the
+        # command's uid gets exactly the processes the spec allows. The
+        # cgroup only bounds gVisor's host tasks (backend.cgroup_limits); a
+        # refusal here is the sentry's and not visible to the host.
         n = spec.limits.pids
         process["rlimits"] = [{"type": "RLIMIT_NPROC", "hard": n, "soft": n}]
     return {
@@ -139,6 +143,37 @@ def build_config(plan: BundlePlan) -> dict[str, object]:
             "readonlyPaths": ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"],
         },
     }
+
+
+def _process(args: list[str], env: list[str], cwd: str, uid: int, gid: int) -> dict[str, object]:
+    no_caps: list[str] = []
+    return {
+        "terminal": False,
+        "user": {"uid": uid, "gid": gid, "additionalGids": []},
+        "args": args,
+        "env": env,
+        "cwd": cwd,
+        "capabilities": {
+            "bounding": no_caps,
+            "effective": list(no_caps),
+            "inheritable": list(no_caps),
+            "permitted": list(no_caps),
+            "ambient": list(no_caps),
+        },
+        "noNewPrivileges": True,
+    }
+
+
+def command_process(plan: BundlePlan) -> dict[str, object]:
+    """The command's OCI process, for `runsc exec --process` (a fresh document each call).
+
+    No rlimits: `runsc exec` ignores a process's own and applies the
+    container's (`build_config`).
+    """
+    spec = plan.spec
+    return _process(
+        list(spec.argv), [f"{k}={v}" for k, v in spec.env], spec.workspace, plan.uid, plan.gid
+    )
 
 
 def mount_points(plan: BundlePlan) -> tuple[tuple[str, str | None], ...]:

@@ -30,7 +30,15 @@ from dataclasses import dataclass
 
 from corral.sandbox.namespace import set_pdeathsig
 
-__all__ = ["CONNECTED", "FORWARDER", "ExecTarget", "connect", "forwarder_argv"]
+__all__ = [
+    "CONNECTED",
+    "FORWARDER",
+    "LISTENER",
+    "ExecTarget",
+    "connect",
+    "forwarder_argv",
+    "listen_relay",
+]
 
 #: The byte the forwarder sends once it is connected inside.
 CONNECTED = b"\x00"
@@ -56,6 +64,37 @@ FORWARDER = (
     "        os._exit(0)\n"
     "    os.write(1, d)\n"
 )
+#: `SandboxNet.listen` inside: listens on the sandbox's 127.0.0.1:PORT, says
+#: CONNECTED once it does, and relays each connection to the host's listener
+#: at BROKER_IP:PORT on the veth link (gvisor.net). Runs as uid 0 without
+#: capabilities, so the command (another uid) can neither kill nor ptrace it.
+LISTENER = (
+    "import os, socket, sys, threading\n"
+    "port, far = int(sys.argv[1]), sys.argv[2]\n"
+    "try:\n"
+    "    s = socket.create_server(('127.0.0.1', port), backlog=256)\n"
+    "except OSError:\n"
+    "    os._exit(1)\n"
+    "os.write(1, b'\\x00')\n"
+    "def pump(a, b):\n"
+    "    try:\n"
+    "        while d := a.recv(65536):\n"
+    "            b.sendall(d)\n"
+    "        b.shutdown(socket.SHUT_WR)\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "def serve(c):\n"
+    "    try:\n"
+    "        h = socket.create_connection((far, port))\n"
+    "    except OSError:\n"
+    "        c.close()\n"
+    "        return\n"
+    "    threading.Thread(target=pump, args=(h, c), daemon=True).start()\n"
+    "    pump(c, h)\n"
+    "while True:\n"
+    "    c, _ = s.accept()\n"
+    "    threading.Thread(target=serve, args=(c,), daemon=True).start()\n"
+)
 _PYTHON = "/usr/bin/python3"
 
 
@@ -72,8 +111,13 @@ class ExecTarget:
     cgroup_procs: tuple[str, ...] = ()
 
 
-def forwarder_argv(target: ExecTarget, pid1: int, port: int) -> list[str]:
-    """The host command line that starts the forwarder for `port` (pure)."""
+def forwarder_argv(
+    target: ExecTarget, pid1: int, port: int, *, listen_to: str | None = None
+) -> list[str]:
+    """The host command line that starts the forwarder for `port` (pure); with
+    `listen_to`, the LISTENER relaying the sandbox's `port` to `listen_to`:`port`."""
+    user = f"{target.uid}:{target.gid}" if listen_to is None else "0:0"
+    code = FORWARDER if listen_to is None else LISTENER
     return [
         "nsenter",
         "-t",
@@ -87,7 +131,7 @@ def forwarder_argv(target: ExecTarget, pid1: int, port: int) -> list[str]:
         "--ignore-cgroups",
         "exec",
         "--user",
-        f"{target.uid}:{target.gid}",
+        user,
         "--cwd",
         "/",
         target.container_id,
@@ -95,8 +139,9 @@ def forwarder_argv(target: ExecTarget, pid1: int, port: int) -> list[str]:
         "-I",
         "-S",
         "-c",
-        FORWARDER,
+        code,
         str(port),
+        *(() if listen_to is None else (listen_to,)),
     ]
 
 
@@ -122,7 +167,25 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
 def connect(target: ExecTarget, holder: int, port: int, timeout_s: float = 30.0) -> socket.socket:
     """A socket connected to the sandbox's 127.0.0.1:`port`; ConnectionRefusedError if nothing
     listens there (or the sandbox is gone)."""
-    argv = forwarder_argv(target, _pid1(holder), port)
+    ours = _start(forwarder_argv(target, _pid1(holder), port), target, timeout_s)
+    if ours is None:
+        raise ConnectionRefusedError(0, f"nothing listens on the gVisor sandbox's port {port}")
+    return ours
+
+
+def listen_relay(
+    target: ExecTarget, holder: int, port: int, far: str, timeout_s: float = 60.0
+) -> socket.socket:
+    """Start the LISTENER for `port` and return once it listens inside (the returned
+    socket is its stdio; closing it does not stop it: teardown does)."""
+    sock = _start(forwarder_argv(target, _pid1(holder), port, listen_to=far), target, timeout_s)
+    if sock is None:
+        raise OSError(0, f"cannot listen on the gVisor sandbox's port {port}")
+    return sock
+
+
+def _start(argv: list[str], target: ExecTarget, timeout_s: float) -> socket.socket | None:
+    """Run `argv` with a socketpair as its stdio; our end once it sent CONNECTED, else None."""
     ours, theirs = socket.socketpair()
     procs = [os.open(p, os.O_WRONLY | os.O_CLOEXEC) for p in target.cgroup_procs]
 
@@ -161,5 +224,5 @@ def connect(target: ExecTarget, holder: int, port: int, timeout_s: float = 30.0)
         raise
     if status != CONNECTED:
         ours.close()
-        raise ConnectionRefusedError(0, f"nothing listens on the gVisor sandbox's port {port}")
+        return None
     return ours

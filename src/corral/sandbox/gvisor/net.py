@@ -78,8 +78,10 @@ def _ip(pid: int, script: str) -> None:
 
 
 class BrokerLink:
-    """The broker's end of the link; a `SandboxNet` whose listen() binds BROKER_IP and
-    whose connect() reaches the sandbox's own 127.0.0.1 through `target` (gvisor.connect).
+    """The broker's end of the link; a `SandboxNet` whose listen() binds BROKER_IP (and,
+    once the sandbox runs, `start_relays` relays the sandbox's own 127.0.0.1 there)
+    and whose connect() reaches the sandbox's own 127.0.0.1 through `target`
+    (gvisor.connect).
 
     `sandbox_pid` is a process in the namespace runsc will start in (it
     must not have started runsc yet). Call `close()` once the broker holds
@@ -90,6 +92,8 @@ class BrokerLink:
     def __init__(self, sandbox_pid: int, target: ExecTarget | None = None) -> None:
         self._sandbox_pid = sandbox_pid
         self._target = target
+        #: Ports listen() bound; each gets a relay inside once the sandbox runs.
+        self.ports: list[int] = []
         self._r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - child
@@ -137,7 +141,25 @@ class BrokerLink:
         finally:
             os.close(target)
             os.close(own)
+        self.ports.append(port)
         return sock
+
+    def start_relays(self) -> list[socket.socket]:
+        """Once the sandbox runs: a relay inside per listen()ed port, so the command's
+        127.0.0.1:port reaches the host's listener (gvisor.connect.LISTENER)."""
+        if self._target is None or not self.ports:
+            return []
+        from corral.sandbox.gvisor.connect import listen_relay
+
+        out: list[socket.socket] = []
+        try:
+            for port in self.ports:
+                out.append(listen_relay(self._target, self._sandbox_pid, port, BROKER_IP))
+        except BaseException:
+            for s in out:
+                s.close()
+            raise
+        return out
 
     def connect(self, port: int) -> socket.socket:
         """Through a forwarder inside the sandbox (`gvisor.connect`); valid after close() too."""

@@ -24,7 +24,9 @@ __all__ = [
     "container_pids",
     "find_sandboxes",
     "host_tasks",
+    "leftover_count",
     "parse_ps",
+    "parse_ps_table",
     "ps_argv",
     "sandbox_pid1",
 ]
@@ -72,8 +74,10 @@ def sandbox_pid1(holder: int) -> int | None:
     return kids[0] if kids else None
 
 
-def ps_argv(target: Located, pid1: int) -> list[str]:
-    """`runsc ps` for one sandbox, in its namespaces (pure)."""
+def ps_argv(target: Located, pid1: int, *, table: bool = False) -> list[str]:
+    """`runsc ps` for one sandbox, in its namespaces (pure); `table`: runsc's
+    UID PID PPID ... table instead of the JSON list of pids."""
+    fmt = "table" if table else "json"
     return [
         "nsenter",
         "-t",
@@ -87,7 +91,7 @@ def ps_argv(target: Located, pid1: int) -> list[str]:
         "--ignore-cgroups",
         "ps",
         "--format",
-        "json",
+        fmt,
         target.container_id,
     ]
 
@@ -107,14 +111,43 @@ def parse_ps(out: bytes) -> list[int] | None:
     return value
 
 
-def container_pids(target: Located, timeout_s: float = 10.0) -> list[int] | None:
-    """The sandbox's processes (gVisor pids) as the sentry lists them; None if it is gone."""
+def parse_ps_table(out: bytes, uid: int) -> int | None:
+    """How many processes of `uid` have a parent in the sandbox, from `runsc ps`'s
+    table; None when malformed (pure).
+
+    Those are what the command left: `runsc exec`ed processes (the command,
+    connect()'s forwarders) have parent 0, the holder runs as uid 0. Only the
+    UID, PID and PPID columns are read; the rest (the command name) is the
+    sandbox's text and is ignored.
+    """
+    if len(out) > _MAX_PS:
+        return None
+    lines = out.splitlines()
+    if not lines or lines[0].split()[:3] != [b"UID", b"PID", b"PPID"]:
+        return None
+    n = 0
+    for line in lines[1:]:
+        cols = line.split(None, 3)
+        if len(cols) < 3 or not all(c.isdigit() for c in cols[:3]):
+            return None
+        if int(cols[0]) == uid and int(cols[2]) != 0:
+            n += 1
+    return n
+
+
+def leftover_count(target: Located, uid: int, timeout_s: float = 10.0) -> int | None:
+    """Processes of `uid` the command left in the sandbox, as the sentry lists them."""
+    out = _ps(target, timeout_s, table=True)
+    return None if out is None else parse_ps_table(out, uid)
+
+
+def _ps(target: Located, timeout_s: float, *, table: bool) -> bytes | None:
     pid1 = sandbox_pid1(target.holder)
     if pid1 is None:
         return None
     try:
         proc = subprocess.run(
-            ps_argv(target, pid1),
+            ps_argv(target, pid1, table=table),
             stdin=subprocess.DEVNULL,
             capture_output=True,
             timeout=timeout_s,
@@ -123,7 +156,13 @@ def container_pids(target: Located, timeout_s: float = 10.0) -> list[int] | None
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    return parse_ps(proc.stdout) if proc.returncode == 0 else None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def container_pids(target: Located, timeout_s: float = 10.0) -> list[int] | None:
+    """The sandbox's processes (gVisor pids) as the sentry lists them; None if it is gone."""
+    out = _ps(target, timeout_s, table=False)
+    return None if out is None else parse_ps(out)
 
 
 def find_sandboxes(owner: int) -> list[Located]:
