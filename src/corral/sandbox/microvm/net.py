@@ -135,6 +135,8 @@ class VMNet:
         self._conns: dict[int, _Conn] = {}
         self._listeners: dict[int, str] = {}
         self._next = 2
+        #: the channel ended (guest gone or protocol broken): connect() refuses
+        self._ended = False
         self._closed = False
         #: Why the channel ended early (a protocol violation), for diagnostics.
         self.failure: str | None = None
@@ -163,7 +165,7 @@ class VMNet:
         _check_port(port)
         mine, theirs = socket.socketpair()
         with self._lock:
-            if self._closed:
+            if self._ended:
                 mine.close()
                 theirs.close()
                 raise ConnectionRefusedError(0, "the VM's channel is closed")
@@ -189,14 +191,7 @@ class VMNet:
             if self._closed:
                 return
             self._closed = True
-            conns = list(self._conns.values())
-            self._conns.clear()
-        with contextlib.suppress(OSError):
-            self._chan.shutdown(socket.SHUT_RDWR)
-        for c in conns:
-            _close_quietly(c.sock)
-            c.refused = True
-            c.opened.set()
+        self._end_all()
         self._reader.join(timeout=5.0)
         _close_quietly(self._chan)
         shutil.rmtree(self._dir, ignore_errors=True)
@@ -262,7 +257,7 @@ class VMNet:
         with self._lock:
             conns = list(self._conns.values())
             self._conns.clear()
-            self._closed = True
+            self._ended = True
         for c in conns:
             _close_quietly(c.sock)
             c.refused = True

@@ -616,6 +616,16 @@ class MicroVMSandbox(CgroupProcessHandle):
         """What QEMU itself printed (bounded), for diagnostics."""
         return bytes(self._qemu_err.data)
 
+    def wait_started(self, timeout_s: float = BOOT_LIMIT_S) -> bool:
+        """True once the guest init has started the command; False if the VM
+        ended first or `timeout_s` passed (a boot under TCG takes seconds)."""
+        deadline = time.monotonic() + timeout_s
+        while self._pumps[0].started_at is None:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
     def _freezer(self, state: str) -> None:
         if self.cgroup is None or "freezer" not in self.cgroup.dirs:
             raise CgroupError(0, "freezer unavailable")
