@@ -63,6 +63,7 @@ _GVISOR_KNOWN = {
     "loopback is its own netstack's), not on the sandbox's 127.0.0.1",
 }
 
+
 def _microvm() -> Backend:
     from tests.conformance.microvm import TcgMicroVM
 
