@@ -39,6 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from corral.errors import CgroupError, LayerUnavailableError, SandboxStartError
 from corral.sandbox.backend import MicroVMConfig, SandboxNet
@@ -606,7 +607,7 @@ class MicroVMSandbox(CgroupProcessHandle):
 
     @property
     def layers(self) -> Mapping[str, object]:
-        return dict(self._layers)
+        return MappingProxyType(dict(self._layers))
 
     @property
     def qemu_pid(self) -> int:
