@@ -59,6 +59,34 @@ _GVISOR_NA = {
 }
 _GVISOR_KNOWN: dict[str, str] = {}
 
+
+def _microvm() -> Backend:
+    from tests.conformance.microvm import TcgMicroVM
+
+    return TcgMicroVM()
+
+
+def _microvm_na() -> dict[str, str]:
+    from corral.sandbox.microvm.vm import kvm_status
+
+    na = {
+        "close_idempotent": "the command's processes live in the guest's kernel: no host process "
+        "carries its command line (QEMU's teardown: tests/integration/sandbox/test_microvm.py)",
+        "owner_killed": "the command's processes live in the guest's kernel: no host process "
+        "carries its command line (tests/integration/sandbox/test_microvm.py::"
+        "test_kill_9_of_the_owner_leaves_no_qemu)",
+        "oom": "the guest kernel kills the command (reason oom from the init's report); "
+        "`oom_kills` counts the host's kills of QEMU, which its cap prevents "
+        "(tests/integration/sandbox/test_microvm.py::"
+        "test_guest_memory_exhaustion_is_oom_and_the_host_cap_holds)",
+    }
+    with open("/proc/cpuinfo") as fh:
+        why = kvm_status(fh.read(), os.path.exists("/dev/kvm"))
+    if why is not None:
+        na["check_and_preview"] = f"this host has no usable KVM ({why}): `kvm` is degraded"
+    return na
+
+
 CASES: tuple[Case, ...] = (
     Case(
         "namespace",
@@ -74,6 +102,17 @@ CASES: tuple[Case, ...] = (
         known_failures=_GVISOR_KNOWN,
     ),
     Case("fake", FakeBackend, isolates=False, not_applicable=_FAKE_NA),
+    Case(
+        "microvm",
+        _microvm,
+        marks=(
+            pytest.mark.requires_qemu,
+            pytest.mark.requires_root,
+            pytest.mark.requires_cgroup,
+            pytest.mark.slow,
+        ),
+        not_applicable=_microvm_na(),
+    ),
 )
 
 

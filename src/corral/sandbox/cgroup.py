@@ -524,9 +524,16 @@ def sweep_stale(layout: CgroupLayout, parent: str = "corral") -> list[str]:
         owner = int(m.group(1))
         if owner == os.getpid() or pid_alive(owner):
             continue
-        with contextlib.suppress(CgroupError):
+        try:
             Cgroup(layout, rel).remove(timeout_s=2.0)
             removed.append(rel)
+        except CgroupError:
+            pass
+        except OSError as exc:
+            # Another corral starting now sweeps the same stale cgroup: once it
+            # is removed, reading its files fails with ENODEV (or ENOENT).
+            if exc.errno not in (errno.ENODEV, errno.ENOENT):
+                raise
     return removed
 
 

@@ -158,6 +158,7 @@ class CorralBackend(Backend):
         self.name = name
         if name == "microvm":
             self.deadline_scale = 4.0
+            self.guest_kernel = "the VM's own Linux kernel (QEMU microvm guest)"
         if name == "gvisor":
             self.guest_kernel = "gVisor's user-space kernel (the sentry)"
 
@@ -219,13 +220,20 @@ class CorralBackend(Backend):
         return [pid for s in ps.find_sandboxes(owner) for pid in ps.host_tasks(s)]
 
     def not_applicable_probes(self) -> dict[str, str]:
-        if self.name != "gvisor":
+        if self.name not in ("gvisor", "microvm"):
             return {}
         why = (
             "the probe's processes live in gVisor's user-space kernel: no host process carries "
             "them, so there is no host /proc/<pid>/status to read; the host processes that run "
             "the sandbox are runsc's sentry, gofer and platform stubs"
         )
+        if self.name == "microvm":
+            why = (
+                "the probe's processes live in the VM's guest kernel: no host process carries "
+                "them, so there is no host /proc/<pid>/status to read; the host process that "
+                "runs the sandbox is QEMU (its uid, seccomp filter and cgroup: "
+                "tests/integration/sandbox/test_microvm.py)"
+            )
         return dict.fromkeys(
             (
                 "priv-host-uid-root",

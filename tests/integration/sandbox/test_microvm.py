@@ -225,7 +225,7 @@ def _exec(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "corral", "exec", "--backend", "microvm", *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
         check=False,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
@@ -263,3 +263,51 @@ def test_no_setid_file_appears_in_the_workspace_on_the_host(world: tuple[Path, P
     found = [p.name for p in ws.iterdir() if p.stat().st_mode & 0o6000]
     assert (ws / "checked").exists() and (ws / "su-copy").exists()
     assert found == [], found
+
+
+# As the command (uid OWNER): the NICs it sees, an attempt on the channel's
+# guest device, a request through the broker, and two processes left behind.
+_EGRESS = r"""
+import os, socket, subprocess
+print('NICS', sorted(os.listdir('/sys/class/net')))
+try:
+    os.open('/dev/vport0p4', os.O_RDWR)
+    print('NET-PORT-OPENED')
+except OSError:
+    pass
+host, port = os.environ['HTTP_PROXY'].rsplit('/', 1)[1].split(':')
+s = socket.create_connection((host, int(port)), 30)
+s.sendall(b'GET http://denied.invalid/ HTTP/1.1\r\nHost: denied.invalid\r\n\r\n')
+print('REPLY', s.recv(12))
+for _ in range(2):
+    subprocess.Popen(['/bin/sleep', '1000'], start_new_session=True)
+"""
+
+
+def test_broker_over_the_loopback_relay_only_lo_journaled_and_leftovers_counted(
+    world: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The guest reaches the host's broker at its own 127.0.0.1:3128 (the request is
+    journaled as denied), has no NIC but `lo`, cannot open the channel's device, and
+    the two processes it leaves are counted by the init."""
+    from tests.integration.sandbox.conftest import parse_summary
+
+    ws, _ = world
+    (ws / "egress.py").write_text(_EGRESS)
+    journal = tmp_path / "journal.sqlite"
+    proc = _exec(
+        "--allow-degraded", "kvm", "--workspace", str(ws), "--allow", "example.invalid",
+        "--journal", str(journal), "--json", "--timeout", "120",
+        "--", "/usr/bin/python3", "egress.py",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "NICS ['lo']" in proc.stdout, proc.stdout
+    assert "NET-PORT-OPENED" not in proc.stdout
+    assert "REPLY b'HTTP/1.1 403'" in proc.stdout, proc.stdout
+    summary = parse_summary(proc.stderr)
+    # The host's journal holds the denial: the broker, not the guest, decided.
+    assert summary["observations"] == {"allowed": 0, "denied": 1}, summary
+    layers = summary["layers"]
+    assert isinstance(layers, dict) and layers["broker"] is True
+    assert str(layers["network"]).startswith("loopback relay")
+    assert summary["processes_killed_at_end"] == 2, summary

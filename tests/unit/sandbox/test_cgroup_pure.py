@@ -94,3 +94,28 @@ def test_memory_limit_without_swap_accounting_is_fine_without_swap(
     cg._apply_limits(Limits(memory_bytes=256 << 20))
     limit = tmp_path / "memory" / "corral" / "exec-1-bb" / "memory.limit_in_bytes"
     assert limit.read_text() == str(224 << 20)
+
+
+def test_sweep_survives_a_stale_cgroup_removed_by_another_corral(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two corrals starting at once sweep the same stale cgroup: the loser reads a
+    removed cgroup's files (ENODEV); its start must not fail on that."""
+    import errno
+
+    (tmp_path / "corral" / "exec-999999999-ab").mkdir(parents=True)
+    layout = CgroupLayout("v2", (), str(tmp_path))
+
+    def gone(self: Cgroup, timeout_s: float = 10.0) -> None:
+        raise OSError(errno.ENODEV, "No such device")
+
+    monkeypatch.setattr(Cgroup, "remove", gone)
+    monkeypatch.setattr(cgroup, "pid_alive", lambda _pid: False)
+    assert cgroup.sweep_stale(layout, "corral") == []
+
+    def broken(self: Cgroup, timeout_s: float = 10.0) -> None:
+        raise OSError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(Cgroup, "remove", broken)
+    with pytest.raises(PermissionError):
+        cgroup.sweep_stale(layout, "corral")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 import pytest
@@ -107,12 +108,35 @@ def test_init_script_runs_command_unprivileged_with_exact_env() -> None:
     # The report port is root-only; the command's ports are the command's.
     assert "$B chmod 0600 /dev/vport0p1" in script
     assert "$B chown 1000:1001 /dev/vport0p2 /dev/vport0p3" in script
-    assert 'echo "$kind $rc" >/dev/vport0p1' in script
+    assert 'echo "$kind $rc $left" >/dev/vport0p1' in script
+    # Without a SandboxNet there is no relay and no port 4.
+    assert "relay.py" not in script and "vport0p4" not in script
     assert script.index("echo start >/dev/vport0p1") < script.index("/usr/bin/setpriv")
     assert "$B mount -t 9p -o $opts,ro usr /usr" in script
     assert "$B mount -t 9p -o $opts ws /work/ws,1 ||" in script
     # /tmp is mounted before the shares (a workspace below /tmp stays visible).
     assert script.index("tmpfs /tmp") < script.index(" usr /usr")
+
+
+def test_argv_net_port_is_the_given_socket_and_still_no_nic() -> None:
+    argv = build_argv(dataclasses.replace(_plan(), net_fd=7))
+    i = argv.index("socket,id=net,fd=7")
+    assert argv[i - 1 : i + 3] == [
+        "-chardev", "socket,id=net,fd=7", "-device", "virtserialport,chardev=net,nr=4,name=net",
+    ]  # fmt: skip
+    assert "-netdev" not in argv and argv[argv.index("-nic") + 1] == "none"
+    assert "socket,id=net" not in " ".join(build_argv(_plan()))
+
+
+def test_init_script_starts_the_relay_as_root_before_the_command() -> None:
+    script = init_script(SPEC, shares_for(SPEC), uid=1000, gid=1001, net=True)
+    relay = script.index("/usr/bin/python3 -I -S /corral/relay.py /dev/vport0p4")
+    # Port 4 is root-only before the relay opens it; the command starts after GO.
+    assert script.index("$B chmod 0600 /dev/vport0p4") < relay
+    assert relay < script.index("read -r go </run/corral-go") < script.index("/usr/bin/setpriv")
+    # The relay and its subshell are not the command's leftovers.
+    count = script[script.index("left=0") : script.index('echo "$kind $rc $left"')]
+    assert '"$p" = "$relay"' in count and '"$pp" = "$relay"' in count
 
 
 @pytest.mark.parametrize(
@@ -171,26 +195,34 @@ def test_module_depends() -> None:
 @pytest.mark.parametrize(
     ("data", "want"),
     [
-        (b"exit 0\n", ("exit", 0, "")),
-        (b"exit 137\n", ("exit", 137, "")),
-        (b"oom 137\n", ("oom", 137, "")),
-        (b"start\nexit 3\n", ("exit", 3, "")),
+        (b"exit 0 0\n", ("exit", 0, "", 0)),
+        (b"exit 137 2\n", ("exit", 137, "", 2)),
+        (b"oom 137 0\n", ("oom", 137, "", 0)),
+        (b"start\nexit 3 1\n", ("exit", 3, "", 1)),
+        (b"exit 0 999999\n", ("exit", 0, "", 999999)),
         (b"start\n", None),
-        (b"start\nstart\nexit 3\n", None),
-        (b"oom 0\n", None),
-        (b"error 125 cannot mount ws\n", ("error", 125, "cannot mount ws")),
+        (b"start\nstart\nexit 3 0\n", None),
+        (b"oom 0 0\n", None),
+        (b"error 125 cannot mount ws\n", ("error", 125, "cannot mount ws", 0)),
         # A terminal escape from the guest never reaches a message intact.
-        (b"error 125 \x1b[2J\n", ("error", 125, "?[2J")),
-        (b"exit 0\nexit 1\n", None),
-        (b"exit 0", None),
-        (b"exit 256\n", None),
-        (b"exit 0 extra\n", None),
-        (b"exit -1\n", None),
+        (b"error 125 \x1b[2J\n", ("error", 125, "?[2J", 0)),
+        (b"exit 0 0\nexit 1 0\n", None),
+        (b"exit 0 0", None),
+        (b"exit 256 0\n", None),
+        (b"exit 0 0 extra\n", None),
+        (b"exit -1 0\n", None),
         (b"", None),
-        (b"exit 0\n" + b" " * 5000, None),
+        (b"exit 0 0\n" + b" " * 5000, None),
+        # The leftover count is the guest's word: digits, bounded, nothing else.
+        (b"exit 0\n", None),
+        (b"exit 0 -1\n", None),
+        (b"exit 0 1000000\n", None),
+        (b"exit 0 1e9\n", None),
+        (b"exit 0 \xd9\xa3\n", None),
+        (b"exit 0 0x10\n", None),
     ],
 )
-def test_parse_report_strict(data: bytes, want: tuple[str, int, str] | None) -> None:
+def test_parse_report_strict(data: bytes, want: tuple[str, int, str, int] | None) -> None:
     assert parse_report(data) == want
 
 

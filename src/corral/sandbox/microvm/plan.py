@@ -8,6 +8,8 @@ Guest devices (virtio-mmio, `-M microvm`, no PCI, no NIC):
 
 - virtio-serial ports with fixed numbers: 1 the exit report (root-only in
   the guest), 2 the command's stdout, 3 its stderr; each is a host pipe;
+  4 ("net", only when the sandbox has a `SandboxNet`): a socketpair end, the
+  multiplexed channel to the guest's loopback relay (`microvm/net.py`);
 - 9p shares: the host's /usr read-only (tag "usr"), the workspace (tag
   "ws") and each bind ("b0", "b1", ...) at the same path as on the host.
 """
@@ -22,6 +24,7 @@ from corral.sandbox.spec import SandboxSpec
 __all__ = [
     "GUEST_MODULES",
     "PORT_ERR",
+    "PORT_NET",
     "PORT_OUT",
     "PORT_STATUS",
     "START",
@@ -36,6 +39,9 @@ __all__ = [
 PORT_STATUS = 1
 PORT_OUT = 2
 PORT_ERR = 3
+PORT_NET = 4
+#: Where the init puts the loopback relay (`corral/_payload/vm_relay.py`).
+RELAY = "/corral/relay.py"
 
 #: Kernel modules the guest loads, in dependency order (Debian builds them as modules).
 GUEST_MODULES: tuple[str, ...] = (
@@ -83,6 +89,8 @@ class VMPlan:
     tsc_khz: int | None = None
     #: TCG translation-cache size (MiB): bounds the VMM's own memory
     tb_size_mib: int = 64
+    #: the descriptor QEMU uses as port 4's socket (None: no network channel)
+    net_fd: int | None = None
 
 
 def kernel_cmdline(plan: VMPlan) -> str:
@@ -140,6 +148,13 @@ def build_argv(plan: VMPlan) -> list[str]:
             "-device",
             f"virtserialport,chardev={cid},nr={nr},name={cid}",
         ]
+    if plan.net_fd is not None:
+        argv += [
+            "-chardev",
+            f"socket,id=net,fd={plan.net_fd}",
+            "-device",
+            f"virtserialport,chardev=net,nr={PORT_NET},name=net",
+        ]
     for s in plan.shares:
         ro = "" if s.writable else ",readonly=on"
         argv += [
@@ -178,6 +193,7 @@ def init_script(
     uid: int,
     gid: int,
     guest_binds: tuple[tuple[str, bool], ...] = (),
+    net: bool = False,
 ) -> str:
     """The guest's /init: mount, run the command as uid:gid, report, reset.
 
@@ -185,8 +201,12 @@ def init_script(
     guest after the shares, in order: the protected host-executed workspace
     paths (read-only) and the directories pinned above them.
 
-    The report ("exit N", "oom 137" when the guest kernel OOM-killed the
-    command, or "error N message") goes to port 1, which only
+    With `net`, the loopback relay (guest root) starts first and the command
+    only once the host said GO (after the broker's listener is bound).
+
+    The report ("exit N LEFT", "oom 137 LEFT" when the guest kernel
+    OOM-killed the command, or "error N message"; LEFT: the processes still
+    alive when the command ended, which die with the guest) goes to port 1, which only
     guest root can open; the command never holds it. Everything it prints
     goes to ports 2 and 3, which the host treats as the command's output.
     """
@@ -231,6 +251,8 @@ def init_script(
         f"echo 'corral:x:{gid}:' >/etc/group",
         f"echo '127.0.0.1 localhost {spec.hostname}' >/etc/hosts",
         "$B ip link set lo up",
+        "relay=none",
+        *(_relay_lines() if net else []),
         f"$B chown {uid}:{gid} /dev/vport0p{PORT_OUT} /dev/vport0p{PORT_ERR}",
         f"$B chmod 0600 /dev/vport0p{PORT_STATUS}",
         f"cd {_q(spec.workspace)} || fail 'cannot enter the workspace'",
@@ -256,16 +278,50 @@ def init_script(
         # The guest kernel's OOM-kill counter tells a memory kill from another SIGKILL.
         "kind=exit",
         '[ "$rc" = 137 ] && [ "$($B grep oom_kill /proc/vmstat)" != "$oom0" ] && kind=oom',
+        *_count_left_lines(),
         # Whatever the command left behind dies with the guest.
-        f'echo "$kind $rc" >/dev/vport0p{PORT_STATUS}',
+        f'echo "$kind $rc $left" >/dev/vport0p{PORT_STATUS}',
         "$B reboot -f",
         "",
     ]
     return "\n".join(lines)
 
 
-def parse_report(data: bytes) -> tuple[str, int, str] | None:
-    """("exit", N, ""), ("oom", 137, "") or ("error", N, message) from port 1's bytes, else None.
+def _relay_lines() -> list[str]:
+    # The relay writes "go" to the FIFO on the host's GO; if it dies first,
+    # the subshell writes "fail", so the init never waits on a dead relay.
+    return [
+        f"$B chmod 0600 /dev/vport0p{PORT_NET}",
+        "$B mkfifo -m 0600 /run/corral-go || fail 'cannot create the relay FIFO'",
+        f"{{ /usr/bin/python3 -I -S {RELAY} /dev/vport0p{PORT_NET} /run/corral-go"
+        " </dev/null >/dev/null 2>&1; echo fail >/run/corral-go; } &",
+        "relay=$!",
+        "read -r go </run/corral-go",
+        "[ \"$go\" = go ] || fail 'the loopback relay did not start'",
+    ]
+
+
+def _count_left_lines() -> list[str]:
+    # Shell builtins only (a forked counter would count itself): every
+    # process but init, kernel threads (pid 2 and its children) and the
+    # relay (its subshell and that subshell's child).
+    return [
+        "left=0",
+        "for d in /proc/[0-9]*; do",
+        "  p=${d#/proc/}; pp=",
+        '  [ "$p" = 1 ] || [ "$p" = 2 ] || [ "$p" = "$relay" ] && continue',
+        "  { while read -r k v _; do",
+        '    [ "$k" = PPid: ] && pp=$v && break',
+        '  done <"$d/status"; } 2>/dev/null',
+        '  [ -z "$pp" ] || [ "$pp" = 2 ] || [ "$pp" = "$relay" ] && continue',
+        "  left=$((left+1))",
+        "done",
+    ]
+
+
+def parse_report(data: bytes) -> tuple[str, int, str, int] | None:
+    """("exit", N, "", LEFT), ("oom", 137, "", LEFT) or ("error", N, message, 0)
+    from port 1's bytes, else None.
 
     The bytes come from inside the guest: after the init's "start" line,
     only one bounded line of the exact form counts; anything else (several
@@ -280,9 +336,22 @@ def parse_report(data: bytes) -> tuple[str, int, str] | None:
         return None
     kind, _, rest = text.partition(" ")
     num, _, message = rest.partition(" ")
-    if kind not in ("exit", "oom", "error") or not num.isdigit() or len(num) > 3:
+    if kind not in ("exit", "oom", "error") or not _digits(num, 3):
         return None
     code = int(num)
-    if code > 255 or (kind != "error" and message) or (kind == "oom" and code != 137):
+    if code > 255 or (kind == "oom" and code != 137):
         return None
-    return kind, code, "".join(c if c.isprintable() else "?" for c in message)[:200]
+    if kind == "error":
+        return kind, code, "".join(c if c.isprintable() else "?" for c in message)[:200], 0
+    # The count is the guest's word (guest root could forge it): a bounded number, no more.
+    if not _digits(message, MAX_LEFT_DIGITS):
+        return None
+    return kind, code, "", int(message)
+
+
+#: At most this many digits in a report's leftover count (a guest cannot run more).
+MAX_LEFT_DIGITS = 6
+
+
+def _digits(text: str, most: int) -> bool:
+    return 0 < len(text) <= most and all("0" <= c <= "9" for c in text)

@@ -19,6 +19,11 @@ filter):
   that exceeds guest memory + VMM overhead is OOM-killed by the host (137).
 - stdout/stderr: ports 2 and 3, passed through as the command's output
   (hostile bytes, as with every backend).
+- the sandbox's loopback (`SandboxNet`, the broker's listener): port 4, a
+  framed channel to a relay in the guest (`microvm/net.py`), parsed as
+  hostile input; the guest still has no network device but `lo`.
+- leftovers: the count in the init's report (bounded digits; guest root
+  could forge it, and it decides nothing but the number shown).
 """
 
 from __future__ import annotations
@@ -28,11 +33,13 @@ import ctypes
 import math
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from corral.errors import CgroupError, LayerUnavailableError, SandboxStartError
 from corral.sandbox.backend import MicroVMConfig, SandboxNet
@@ -40,7 +47,9 @@ from corral.sandbox.cgroup import Cgroup, detect_layout, sweep_stale
 from corral.sandbox.handle import CgroupProcessHandle
 from corral.sandbox.microvm import assets as _assets
 from corral.sandbox.microvm.cpio import Entry, archive
+from corral.sandbox.microvm.net import VMNet
 from corral.sandbox.microvm.plan import (
+    RELAY,
     START,
     VMPlan,
     build_argv,
@@ -241,11 +250,7 @@ class MicroVMBackend:
         if self.config.accel == "tcg" and layers["kvm"] is None:
             layers["kvm"] = f"not used (accel = tcg); {TCG_NOTE}"
         layers["cgroup"] = None if detect_layout() is not None else "no cgroup hierarchy mounted"
-        layers["network"] = (
-            "the microvm backend has no broker channel yet: only --network none"
-            if spec.network.needs_broker
-            else None
-        )
+        layers["network"] = None
         return layers
 
     # -- plan -------------------------------------------------------------
@@ -270,6 +275,7 @@ class MicroVMBackend:
         kernel: str,
         initrd: str,
         ports: tuple[str, str, str],
+        net_fd: int | None = None,
     ) -> VMPlan:
         mem = spec.limits.memory_bytes
         guest_mib = DEFAULT_GUEST_MIB if mem is None else max(64, mem >> 20)
@@ -286,6 +292,7 @@ class MicroVMBackend:
             stdout_path=ports[1],
             stderr_path=ports[2],
             tsc_khz=tsc_khz(_read("/proc/cpuinfo")) if accel == "tcg" else None,
+            net_fd=net_fd,
         )
 
     def preview(self, spec: SandboxSpec) -> list[str]:
@@ -297,8 +304,11 @@ class MicroVMBackend:
             kernel = "<vmlinux>"
         accel = self._accel(kvm_status(_read("/proc/cpuinfo"), os.path.exists("/dev/kvm")))
         fds = ("/proc/self/fd/4", "/proc/self/fd/5", "/proc/self/fd/6")
+        net_fd = 7 if spec.network.needs_broker else None
         return build_argv(
-            self._plan(spec, accel=accel, kernel=kernel, initrd="/proc/self/fd/3", ports=fds)
+            self._plan(
+                spec, accel=accel, kernel=kernel, initrd="/proc/self/fd/3", ports=fds, net_fd=net_fd
+            )
         )
 
     # -- start ------------------------------------------------------------
@@ -319,9 +329,10 @@ class MicroVMBackend:
         called: a host unix socket is not reachable through 9p (the guest's
         connect() meets a guest inode with no listener).
 
-        The guest has no network device and no host channel to its loopback
-        yet: a spec that needs the broker is refused (layer `network`), so
-        `network` is never called.
+        The guest has no network device but `lo`. With `network`, port 4
+        carries its loopback (`VMNet`): `network` is called once QEMU runs,
+        and the command starts only after it returned (the guest's relay
+        binds every `listen()` before the host's GO).
         """
         from corral.sandbox.namespace import cache_dir
 
@@ -360,7 +371,7 @@ class MicroVMBackend:
             if "seccomp" not in spec.allow_degraded:
                 raise
             active["seccomp"] = f"degraded: {exc}"
-        active["network"] = "none"
+        active["network"] = "loopback relay (virtio-serial)" if network is not None else "none"
         assets = _assets.find_assets(cache_dir())
         ident = self._identity(spec)
         placeholders: Placeholders | None = None
@@ -389,6 +400,7 @@ class MicroVMBackend:
                 parent_cgroup=parent_cgroup,
                 output=(stdout_fd, stderr_fd),
                 vmm_bpf=vmm_bpf,
+                network=network,
             )
         except BaseException:
             if placeholders is not None:
@@ -408,18 +420,32 @@ class MicroVMBackend:
         parent_cgroup: str | None,
         output: tuple[int, int],
         vmm_bpf: bytes | None,
+        network: Callable[[SandboxNet], None] | None,
     ) -> MicroVMSandbox:
+        with_net = network is not None
         try:
             script = init_script(
-                spec, shares_for(spec), uid=ident.uid, gid=ident.gid, guest_binds=guest_binds
+                spec,
+                shares_for(spec),
+                uid=ident.uid,
+                gid=ident.gid,
+                guest_binds=guest_binds,
+                net=with_net,
             )
         except ValueError as exc:
             raise SandboxStartError(0, str(exc)) from exc
         with open(assets.base_initramfs, "rb") as fh:
             base = fh.read()
-        run_cpio = archive([Entry.file("init", script.encode(), 0o755)], first_ino=1 << 20)
+        run_entries = [Entry.file("init", script.encode(), 0o755)]
+        if with_net:
+            from corral._payload import path as payload_path
+
+            with open(payload_path("vm_relay.py"), "rb") as fh:
+                run_entries.append(Entry.file(RELAY.lstrip("/"), fh.read(), 0o644))
+        run_cpio = archive(run_entries, first_ino=1 << 20)
         opened: list[int] = []
         cgroup: Cgroup | None = None
+        chan: socket.socket | None = None
         try:
             initrd = os.memfd_create("corral-initrd", os.MFD_CLOEXEC)
             opened.append(initrd)
@@ -428,6 +454,12 @@ class MicroVMBackend:
             for r, w in pipes:
                 opened += [r, w]
             child_fds = [initrd] + [w for _, w in pipes]
+            qemu_end: int | None = None
+            if with_net:
+                chan, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                qemu_end = theirs.detach()
+                opened.append(qemu_end)
+                child_fds.append(qemu_end)
             if os.geteuid() == 0:
                 # QEMU reopens each descriptor through /proc/self/fd as its own uid.
                 for fd in child_fds:
@@ -443,6 +475,7 @@ class MicroVMBackend:
                 kernel=assets.vmlinux,
                 initrd=f"/proc/self/fd/{initrd}",
                 ports=ports,
+                net_fd=qemu_end,
             )
             layout = detect_layout() if active["cgroup"] is True else None
             attach: list[int] = []
@@ -505,9 +538,13 @@ class MicroVMBackend:
             if cgroup is not None:
                 with contextlib.suppress(CgroupError):
                     cgroup.remove(timeout_s=1.0)
+            if chan is not None:
+                chan.close()
             raise
         for fd in [initrd, *(w for _, w in pipes), *attach]:
             os.close(fd)
+        if qemu_end is not None:
+            os.close(qemu_end)
         pumps = (
             _Pump(pipes[0][0], None, limit=4096),
             _Pump(pipes[1][0], output[0]),
@@ -517,7 +554,8 @@ class MicroVMBackend:
         qemu_err = _Pump(proc.stderr.fileno(), None)
         for p in (*pumps, qemu_err):
             p.start()
-        return MicroVMSandbox(
+        net = VMNet(chan) if chan is not None else None
+        sandbox = MicroVMSandbox(
             proc=proc,
             cgroup=cgroup,
             layers=active,
@@ -525,8 +563,18 @@ class MicroVMBackend:
             pumps=pumps,
             qemu_err=qemu_err,
             timeout_s=spec.limits.timeout_s,
-            placeholders=placeholders,
+            placeholders=None,
+            net=net,
         )
+        if network is not None and net is not None:
+            try:
+                network(net)
+                net.go()
+            except BaseException:
+                sandbox.close()
+                raise
+        sandbox.placeholders = placeholders
+        return sandbox
 
 
 class MicroVMSandbox(CgroupProcessHandle):
@@ -543,8 +591,10 @@ class MicroVMSandbox(CgroupProcessHandle):
         qemu_err: _Pump,
         timeout_s: float | None,
         placeholders: Placeholders | None = None,
+        net: VMNet | None = None,
     ) -> None:
         self.proc = proc
+        self._net = net
         self.cgroup = cgroup
         self._layers = layers
         self.started = started
@@ -557,7 +607,7 @@ class MicroVMSandbox(CgroupProcessHandle):
 
     @property
     def layers(self) -> Mapping[str, object]:
-        return dict(self._layers)
+        return MappingProxyType(dict(self._layers))
 
     @property
     def qemu_pid(self) -> int:
@@ -566,6 +616,16 @@ class MicroVMSandbox(CgroupProcessHandle):
     def qemu_stderr(self) -> bytes:
         """What QEMU itself printed (bounded), for diagnostics."""
         return bytes(self._qemu_err.data)
+
+    def wait_started(self, timeout_s: float = BOOT_LIMIT_S) -> bool:
+        """True once the guest init has started the command; False if the VM
+        ended first or `timeout_s` passed (a boot under TCG takes seconds)."""
+        deadline = time.monotonic() + timeout_s
+        while self._pumps[0].started_at is None:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
 
     def _freezer(self, state: str) -> None:
         if self.cgroup is None or "freezer" not in self.cgroup.dirs:
@@ -626,7 +686,7 @@ class MicroVMSandbox(CgroupProcessHandle):
         report = parse_report(bytes(self._pumps[0].data))
         code, reason, message = decide_vm_exit(
             qemu_rc=self.proc.returncode,
-            report=report,
+            report=report[:3] if report else None,
             oom_kills=oom,
             timed_out=timed_out,
             interrupted=interrupted,
@@ -637,8 +697,8 @@ class MicroVMSandbox(CgroupProcessHandle):
             wall_s=time.monotonic() - self.started,
             cpu_s=usage.cpu_s if usage else 0.0,
             peak_memory_bytes=usage.peak_memory_bytes if usage else 0,
-            # The guest's processes die with it; the host cannot count them.
-            processes_killed_at_end=0,
+            # Counted by the guest init (bounded); they died with the guest.
+            processes_killed_at_end=report[3] if report and reason != "timeout" else 0,
             layers=dict(self._layers),
             oom_kills=oom,
             pids_limit_hits=usage.pids_limit_hits if usage else 0,
@@ -656,6 +716,8 @@ class MicroVMSandbox(CgroupProcessHandle):
             if self.cgroup is not None:
                 self.cgroup.remove()
         finally:
+            if self._net is not None:
+                self._net.close()
             for p in self._pumps:
                 p.join(timeout=1.0)
                 with contextlib.suppress(OSError):
