@@ -416,8 +416,8 @@ def check_spec(
 def _env_network(
     mission: Mission, env: Literal["product", "verifier"]
 ) -> tuple[NetworkSpec, dict[str, str]]:
-    allow = getattr(mission.settings.network, env).allow
-    return env_network(allow, mission.settings.secrets, env)
+    own = getattr(mission.settings.network, env)
+    return env_network(own.allow, mission.settings.secrets, env, own.host_services)
 
 
 def check_wall_s(check: Check) -> float:

@@ -23,10 +23,11 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from corral.broker.config import BrokerConfig, RouteConfig, parse_secret_ref
+from corral.broker.config import BrokerConfig, HostServiceConfig, RouteConfig, parse_secret_ref
 from corral.broker.proxy_env import sandbox_proxy_env
+from corral.broker.tcp import sandbox_env_for
 from corral.errors import ConfigError
-from corral.sandbox.spec import NetworkSpec
+from corral.sandbox.spec import SANDBOX_PROXY_PORT, NetworkSpec
 
 __all__ = ["EnvNetwork", "SecretSettings", "env_network", "missing_secrets", "secret_variable"]
 
@@ -39,11 +40,13 @@ ProductOrVerifier = Literal["product", "verifier"]
 
 
 class EnvNetwork(BaseModel):
-    """`[network.product]` / `[network.verifier]`: that environment's allowlist."""
+    """`[network.product]` / `[network.verifier]`: that environment's allowlist
+    and the host services (`[[network.product.host_services]]`) it may reach."""
 
     model_config = _FROZEN
 
     allow: tuple[str, ...] = ()
+    host_services: tuple[HostServiceConfig, ...] = ()
 
     @field_validator("allow")
     @classmethod
@@ -109,18 +112,26 @@ def secret_variable(name: str) -> str:
 
 
 def env_network(
-    allow: tuple[str, ...], secrets: dict[str, SecretSettings], env: ProductOrVerifier
+    allow: tuple[str, ...],
+    secrets: dict[str, SecretSettings],
+    env: ProductOrVerifier,
+    host_services: tuple[HostServiceConfig, ...] = (),
 ) -> tuple[NetworkSpec, dict[str, str]]:
     """The environment's NetworkSpec and the variables that go with it.
 
-    No allowlist and no secret for `env`: no egress at all, no broker.
+    No allowlist, no host service and no secret for `env`: no egress at all, no broker.
     """
     mine = {name: s for name, s in secrets.items() if env in s.for_}
-    if not allow and not mine:
+    if not allow and not mine and not host_services:
         return NetworkSpec(), {}
     base = BrokerConfig.from_allow_flags(allow)
-    config = base.model_copy(update={"routes": {n: s.route() for n, s in mine.items()}})
-    variables = sandbox_proxy_env()
+    config = base.model_copy(
+        update={
+            "routes": {n: s.route() for n, s in mine.items()},
+            "host_services": host_services,
+        }
+    )
+    variables = {**sandbox_proxy_env(), **sandbox_env_for(config, SANDBOX_PROXY_PORT)}
     broker_url = variables["CORRAL_BROKER_URL"]
     for name in mine:
         variables[secret_variable(name)] = f"{broker_url}/routes/{name}"

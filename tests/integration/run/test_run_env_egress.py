@@ -1,11 +1,13 @@
 """Issue 14: secrets through broker routes and `[network.*] allow` for the product and verifier.
 
-Three servers on the host's loopback (127.0.0.2, which the sandboxes' NO_PROXY
-does not cover, so their clients go through the broker): an upstream that
-records the Authorization header it receives, one the mission allows and one
-it does not. Host-side effects asserted: what each server received, the
-journal's rows for env `product` and `verifier`, and that the secret's bytes
-are nowhere in the run directory (workspace, snapshots, logs, journal, git).
+Three servers on the host's loopback: an upstream that records the
+Authorization header it receives (the secret's route), one the mission
+declares as a host service of the product and the verifier (reached as
+`ok.corral.internal`, through the broker) and one it does not (tried as
+`host.corral.internal`, refused by the broker). Host-side effects asserted:
+what each server received, the journal's rows for env `product` and
+`verifier`, and that the secret's bytes are nowhere in the run directory
+(workspace, snapshots, logs, journal, git).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class _Recorder(BaseHTTPRequestHandler):
 def servers() -> Iterator[dict[str, ThreadingHTTPServer]]:
     out: dict[str, ThreadingHTTPServer] = {}
     for name in ("upstream", "allowed", "denied"):
-        srv = ThreadingHTTPServer(("127.0.0.2", 0), _Recorder)
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
         srv.seen = []  # type: ignore[attr-defined]
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         out[name] = srv
@@ -57,10 +59,11 @@ def servers() -> Iterator[dict[str, ThreadingHTTPServer]]:
 SERVER = r"""
 import os, sys, urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
-for name in ("ALLOWED", "DENIED"):
+for name, host in (("ALLOWED", "ok"), ("DENIED", "host")):
     try:
         port = os.environ["T_" + name]
-        urllib.request.urlopen("http://127.0.0.2:%s/from-product" % port, timeout=5)
+        url = "http://%s.corral.internal:%s/from-product" % (host, port)
+        urllib.request.urlopen(url, timeout=5)
         print(name, "reached", flush=True)
     except Exception as exc:
         print(name, "failed", exc, flush=True)
@@ -93,15 +96,17 @@ agent = {{ memory = "256M", pids = 128 }}
 product = {{ memory = "128M", pids = 64 }}
 verifier = {{ memory = "256M", pids = 64 }}
 
-[network.product]
-allow = ["127.0.0.2:{ok}"]
+[[network.product.host_services]]
+name = "ok"
+port = {ok}
 
-[network.verifier]
-allow = ["127.0.0.2:{ok}"]
+[[network.verifier.host_services]]
+name = "ok"
+port = {ok}
 
 [secrets.api]
 value = "env:CORRAL_TEST_SECRET"
-upstream = "http://127.0.0.2:{up}"
+upstream = "http://127.0.0.1:{up}"
 for = ["product", "verifier"]
 
 [product]
@@ -116,12 +121,12 @@ timeout = "20s"
 
 [[checks]]
 name = "allowed"
-run = {json.dumps(FETCH + f"http://127.0.0.2:{ok}/from-verifier")}
+run = {json.dumps(FETCH + f"http://ok.corral.internal:{ok}/from-verifier")}
 timeout = "20s"
 
 [[checks]]
 name = "denied"
-run = {json.dumps(FETCH + f"http://127.0.0.2:{no}/from-verifier")}
+run = {json.dumps(FETCH + f"http://host.corral.internal:{no}/from-verifier")}
 timeout = "20s"
 +++
 # A product with egress
@@ -173,11 +178,11 @@ def test_secret_route_and_product_verifier_egress(
     conn = sqlite3.connect(run_dir / "journal.sqlite")
     rows = conn.execute(
         "SELECT env, decision, target FROM observations WHERE target LIKE ?",
-        (f"%127.0.0.2:{ports['denied']}%",),
+        (f"%corral.internal:{ports['denied']}%",),
     ).fetchall()
     allow_rows = conn.execute(
         "SELECT env, decision FROM observations WHERE target LIKE ?",
-        (f"%127.0.0.2:{ports['allowed']}%",),
+        (f"%corral.internal:{ports['allowed']}%",),
     ).fetchall()
     conn.close()
     assert {(e, d) for e, d, _ in rows} >= {("product", "deny"), ("verifier", "deny")}, rows

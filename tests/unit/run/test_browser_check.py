@@ -82,13 +82,17 @@ def test_the_verifier_runs_the_run_copy_with_playwright_read_only() -> None:
         http_checker=layout.tools / "http_check.py",
         playwright_site=site,
     )
-    runner = next(a for a in spec.argv if a.startswith("{"))
-    got = json.loads(runner)
+    # Every check goes through check_run.py (setup/teardown, the reason line);
+    # its `main` is the browser runner with its own JSON document.
+    run_doc = json.loads(next(a for a in spec.argv if a.startswith("{")))
+    main = run_doc["main"]
+    assert main[2] == str(layout.tools / "browser_check.py") and run_doc["http"] is False
+    got = json.loads(main[3])
     # The script is the run's copy of the mission's checks dir, never the snapshot's.
     assert got["script"] == str(layout.checks / "ui" / "test_ui.py")
     assert not got["script"].startswith(str(layout.snapshot(2)))
     assert got["site"] == str(site) and got["timeout"] < 30
-    assert str(layout.tools / "browser_check.py") in spec.argv
+    assert str(layout.tools / "check_run.py") in spec.argv
     binds = {b.path: b.writable for b in spec.binds}
     assert binds[str(site)] is False and binds[str(layout.tools)] is False
     assert not any(binds.values())

@@ -172,11 +172,15 @@ def test_hostile_reason_is_one_bounded_escaped_line(tmp_path: Path) -> None:
 
 
 SECRETS = """[network.product]
-allow = ["127.0.0.2:9000"]
+allow = ["198.51.100.7:9000"]
+
+[[network.product.host_services]]
+name = "db"
+port = 5432
 
 [secrets.api]
 value = "env:API_TOKEN"
-upstream = "http://127.0.0.2:9001"
+upstream = "http://127.0.0.1:9001"
 for = ["verifier"]
 
 [[checks]]
@@ -203,7 +207,10 @@ def test_secrets_become_routes_for_their_environments_only() -> None:
     assert doc["rules"] == []
     product = product_spec(layout, m, 1)
     pdoc = json.loads(product.network.broker_config or "{}")
-    assert pdoc["routes"] == {} and [r["host"] for r in pdoc["rules"]] == ["127.0.0.2"]
+    assert pdoc["routes"] == {} and [r["host"] for r in pdoc["rules"]] == ["198.51.100.7"]
+    assert pdoc["host_services"] == [{"name": "db", "port": 5432}]
+    assert dict(product.env)["ALL_PROXY"].startswith("socks5h://")
+    assert "host_services" not in doc or doc["host_services"] == []
     assert "CORRAL_SECRET_API_URL" not in dict(product.env)
     assert missing_secrets(m.settings.secrets, {}) == [
         "secret api: $API_TOKEN is not set in corral's environment"
