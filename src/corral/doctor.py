@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from corral.sandbox.layers import sysctl as _read
 
 __all__ = [
+    "READ_ONLY_MOUNT_GAP",
     "REQUIRED_LAYERS",
     "LayerStatus",
     "all_layers",
@@ -356,6 +357,13 @@ def kernel_audit_enabled() -> bool | None:
     return bool(struct.unpack_from("=II", data, 16)[1])
 
 
+#: What kernel audit cannot journal even when on (docs/broker.md, "Kernel denials").
+READ_ONLY_MOUNT_GAP = (
+    "writes refused by the sandbox's read-only mounts (/usr, /etc, /) fail with EROFS"
+    " before Landlock is asked, so they leave no journal row (they are refused all the same)"
+)
+
+
 def probe_audit() -> LayerStatus:
     """Whether Landlock and seccomp denials reach the journal (corral never turns audit on)."""
     enabled = kernel_audit_enabled()
@@ -377,7 +385,10 @@ def probe_audit() -> LayerStatus:
             "run `auditctl -e 1` (or boot with audit=1) to have them journaled",
         )
     return LayerStatus(
-        "audit", True, "kernel audit is enabled: Landlock and seccomp denials are journaled"
+        "audit",
+        True,
+        "kernel audit is enabled: Landlock and seccomp denials are journaled; "
+        + READ_ONLY_MOUNT_GAP,
     )
 
 

@@ -27,7 +27,9 @@ __all__ = [
     "expand_host_services",
     "parse_host_service_flag",
     "sandbox_env_for",
+    "sandbox_ssh_config",
     "sandbox_tcp_env",
+    "ssh_config_text",
     "ssh_proxy_command",
     "tcp_policy",
 ]
@@ -142,6 +144,27 @@ def sandbox_tcp_env(proxy_port: int) -> dict[str, str]:
 def sandbox_env_for(config: BrokerConfig, proxy_port: int) -> dict[str, str]:
     """`sandbox_tcp_env` when `config` has TCP rules or host services, else nothing."""
     return sandbox_tcp_env(proxy_port) if config.tcp or config.host_services else {}
+
+
+def ssh_config_text(proxy_port: int) -> str:
+    """The sandbox's /etc/ssh/ssh_config: every host through the broker.
+
+    ssh takes the rest of a `ProxyCommand` line verbatim, so the command needs
+    no quoting beyond its own. A `~/.ssh/config` the sandbox writes is read
+    first and may name another ProxyCommand or none; that gains it nothing, as
+    the broker is the sandbox's only way out.
+    """
+    return (
+        "# Written by corral (read-only): ssh reaches hosts through the broker's SOCKS5\n"
+        "# server, which admits only the [[tcp]] rules.\n"
+        "Host *\n"
+        f"    ProxyCommand {ssh_proxy_command(proxy_port)}\n"
+    )
+
+
+def sandbox_ssh_config(config: BrokerConfig, proxy_port: int) -> str | None:
+    """`ssh_config_text` when `config` has TCP rules or host services, else None."""
+    return ssh_config_text(proxy_port) if config.tcp or config.host_services else None
 
 
 def parse_host_service_flag(flag: str) -> HostServiceConfig:

@@ -294,13 +294,16 @@ def build_spec(ns: argparse.Namespace, cmd: list[str], caller_env: dict[str, str
     spec_home = "/home/corral"
     extra = _setenv(ns.setenv)
     config_json = broker_config_json(ns.allow, ns.config, writable, ns.host_service)
+    ssh_config: str | None = None
     if config_json is not None:
         from corral.broker.config import BrokerConfig
         from corral.broker.proxy_env import sandbox_proxy_env
-        from corral.broker.tcp import sandbox_env_for
+        from corral.broker.tcp import sandbox_env_for, sandbox_ssh_config
         from corral.sandbox.spec import SANDBOX_PROXY_PORT
 
-        tcp_env = sandbox_env_for(BrokerConfig.from_json(config_json), SANDBOX_PROXY_PORT)
+        parsed = BrokerConfig.from_json(config_json)
+        tcp_env = sandbox_env_for(parsed, SANDBOX_PROXY_PORT)
+        ssh_config = sandbox_ssh_config(parsed, SANDBOX_PROXY_PORT)
         extra = {**sandbox_proxy_env(), **tcp_env, **extra}
     else:
         from corral.sandbox.nodns import no_egress_env
@@ -312,7 +315,9 @@ def build_spec(ns: argparse.Namespace, cmd: list[str], caller_env: dict[str, str
         env=tuple(sorted(sandbox_env(spec_home, caller_env, extra).items())),
         binds=tuple(binds),
         limits=limits,
-        network=NetworkSpec(allow=tuple(ns.allow), broker_config=config_json),
+        network=NetworkSpec(
+            allow=tuple(ns.allow), broker_config=config_json, ssh_config=ssh_config
+        ),
         env_kind=ns.env_kind,
         home=spec_home,
         allow_degraded=frozenset(ns.allow_degraded),

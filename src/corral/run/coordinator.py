@@ -86,6 +86,7 @@ if TYPE_CHECKING:
 
     from corral.broker.attach import EgressBroker
     from corral.broker.journal import Journal
+    from corral.broker.kernel_denials import KernelDenialWatch
     from corral.run.helpers import ProviderHelper
     from corral.run.store_api import RunStateStore
     from corral.run.watchdog import Watchdog
@@ -261,6 +262,7 @@ class Coordinator:
         self._provider_url: str | None = None
         self._forwarder: PortForwarder | None = None
         self._product_egress: EgressBroker | None = None
+        self._kdenials: KernelDenialWatch | None = None
         self._cg: RunCgroup | None = None
         self._watchdog: Watchdog | None = None
         self._paused_s: Callable[[float, float], float] = lambda _since, _now: 0.0
@@ -751,6 +753,27 @@ class Coordinator:
 
     # -- product and verifier ---------------------------------------------
     def _verify(self, store: RunStateStore, n: int) -> list[CheckResult]:
+        """The product and the checks, their kernel denials journaled (env product/verifier)."""
+        from corral.broker.kernel_denials import open_watch
+
+        with contextlib.ExitStack() as stack:
+            # Opened before the product starts, so that no early denial is missed.
+            self._kdenials = open_watch(stack, self._journal)
+            try:
+                return self._verify_checks(store, n)
+            finally:
+                self._kdenials = None
+
+    def _watch_kernel(self, running: Sandbox, env: str, n: int) -> None:
+        if self._kdenials is not None:
+            who = Identity(run=self.run_id, session=str(n) if n else None, env=env)  # type: ignore[arg-type]
+            self._kdenials.watch_running(running, who)
+
+    def _unwatch_kernel(self, running: Sandbox) -> None:
+        if self._kdenials is not None:
+            self._kdenials.unwatch_running(running)
+
+    def _verify_checks(self, store: RunStateStore, n: int) -> list[CheckResult]:
         assert self._cg is not None
         product = self.mission.settings.product
         running: Sandbox | None = None
@@ -808,6 +831,7 @@ class Coordinator:
     def _stop_product(self, running: Sandbox | None) -> None:
         if running is not None:
             result = running.interrupt(signal.SIGKILL)
+            self._unwatch_kernel(running)
             running.close()
             self._journal_outcome("product", result)
         if self._product_egress is not None:
@@ -867,6 +891,7 @@ class Coordinator:
             )
         except CorralError as exc:
             return None, None, False, f"the product sandbox could not start: {exc}"
+        self._watch_kernel(running, "product", n)
         ns = holder[0]
         ready, why = probe_all(
             ns,
@@ -930,10 +955,12 @@ class Coordinator:
             for stop in stops:
                 stop()
             return CheckResult(check.name, False, f"verifier refused: {exc}", None, 0.0)
+        self._watch_kernel(running, "verifier", n)
         wall = check_wall_s(check)
         try:
             result = wait_unpaused(running, wall, self._paused_s)
         finally:
+            self._unwatch_kernel(running)
             running.close()
             for stop in stops:
                 stop()

@@ -34,7 +34,7 @@ from corral.agents.launch import launch_request
 from corral.agents.routes import ProviderChoice, provider_route
 from corral.broker.config import BrokerConfig, RouteConfig
 from corral.broker.proxy_env import sandbox_proxy_env
-from corral.broker.tcp import sandbox_env_for
+from corral.broker.tcp import sandbox_env_for, sandbox_ssh_config
 from corral.errors import ConfigError
 from corral.run.checkspec import http_payload
 from corral.run.envnet import env_network
@@ -273,7 +273,9 @@ def agent_spec(
         binds=tuple(binds),
         limits=_limits(mission, "agent", mission.settings.session.wall_time),
         network=NetworkSpec(
-            allow=mission.settings.network.allow, broker_config=broker_config.to_json()
+            allow=mission.settings.network.allow,
+            broker_config=broker_config.to_json(),
+            ssh_config=sandbox_ssh_config(broker_config, SANDBOX_PROXY_PORT),
         ),
         env_kind="agent",
         home=HOME,

@@ -77,6 +77,7 @@ __all__ = [
 
 #: Where Debian-family clients read the system trust store.
 SYSTEM_TRUST_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+SYSTEM_SSH_CONFIG = "/etc/ssh/ssh_config"
 
 #: The first host uid/gid of the default range (`uids.DEFAULT_RANGE`); when
 #: corral runs as root each live sandbox gets its own id from the range.
@@ -1133,6 +1134,11 @@ def _data_files(spec: SandboxSpec, init_files: list[tuple[str, bytes]]) -> list[
         ("/etc/passwd", _passwd(spec.home)),
         ("/etc/group", _group()),
         ("/etc/hosts", _hosts(spec.hostname)),
+        *(
+            [(SYSTEM_SSH_CONFIG, spec.network.ssh_config.encode())]
+            if spec.network.ssh_config is not None
+            else []
+        ),
         *init_files,
     ]
 

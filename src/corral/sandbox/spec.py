@@ -76,6 +76,9 @@ class NetworkSpec:
     #: A host file (host bundle + the run's interception CA) shown read-only at
     #: /etc/ssl/certs/ca-certificates.crt; see broker/tls_setup.py.
     trust_bundle: str | None = None
+    #: The sandbox's /etc/ssh/ssh_config (read-only): ssh's ProxyCommand through
+    #: the broker when there are `[[tcp]]` rules; see broker/tcp.py.
+    ssh_config: str | None = None
 
     @property
     def needs_broker(self) -> bool:

@@ -59,8 +59,45 @@ def test_agent_denials_are_journaled_with_run_and_session(audit_on: None, tmp_pa
         ).fetchall()
     finally:
         conn.close()
-    targets = {(r[3], r[4]) for r in rows}
+    targets = {(r[3], r[4]) for r in rows if r[2] == "agent"}
     assert ("landlock", "fs.read_dir /var") in targets, (rows, proc.stdout[-2000:])
     assert ("seccomp", "keyctl") in targets, rows
-    # The journal's session id is the session's number.
-    assert all(r[:3] == (rid, str(s1.n), "agent") for r in rows), (rows, s1)
+    # The journal's session id is the session's number; the product's and the
+    # verifier's own denials (e.g. clone3's ENOSYS) carry their env.
+    assert all(r[:2] == (rid, str(s1.n)) for r in rows), (rows, s1)
+    assert {r[2] for r in rows} <= {"agent", "product", "verifier"}, rows
+
+
+def test_product_and_verifier_denials_are_journaled_with_their_env(
+    audit_on: None, tmp_path: Path
+) -> None:
+    # Each environment denies itself something: a Landlock read outside its rules
+    # and keyctl(2) (seccomp); the product then serves, the check then fails.
+    product = (
+        "ls /var >/dev/null 2>&1; python3 -c 'import ctypes; ctypes.CDLL(None).syscall(250, 0, 0,"
+        " 0)'; exec python3 -m http.server 8000 --bind 127.0.0.1"
+    )
+    check = (
+        "ls /var >/dev/null 2>&1; python3 -c 'import ctypes; ctypes.CDLL(None).syscall(250, 0, 0,"
+        " 0)'; false"
+    )
+    mission = write_mission(tmp_path / "m", max_sessions=1, product_cmd=product, check_cmd=check)
+    rid = new_id()
+    runs = tmp_path / "runs"
+    proc = corral(
+        "run", str(mission), "--plain", "--id", rid, "--runs-dir", str(runs), cwd=tmp_path
+    )
+    assert (runs / rid / "journal.sqlite").exists(), proc.stdout + proc.stderr
+    conn = sqlite3.connect(runs / rid / "journal.sqlite")
+    try:
+        rows = conn.execute(
+            "SELECT run, session, env, kind, target FROM observations"
+            " WHERE kind IN ('landlock', 'seccomp')"
+        ).fetchall()
+    finally:
+        conn.close()
+    got = {(r[2], r[3], r[4]) for r in rows}
+    for env in ("product", "verifier"):
+        assert (env, "landlock", "fs.read_dir /var") in got, (rows, proc.stdout[-2000:])
+        assert (env, "seccomp", "keyctl") in got, rows
+    assert all(r[:2] == (rid, "1") for r in rows), rows

@@ -7,6 +7,7 @@ the flag for its own duration and restores the previous state.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,3 +130,30 @@ def test_a_sandbox_cannot_forge_an_audit_record(
             " OR reason LIKE '%forged-by-sandbox%'"
         ).fetchone()[0]
     assert hits == 0
+
+
+def test_read_only_mount_writes_are_refused_unjournaled_and_doctor_says_so(
+    audit_on: None, corral_exec: ExecFn, tmp_path: Path
+) -> None:
+    """The documented gap (docs/broker.md): EROFS comes before Landlock, so no row.
+
+    The positive control (a write below /var, a tmpfs Landlock covers) must
+    leave its row in the same sandbox: if this test starts failing because
+    /usr or /etc rows appear, the gap closed and the docs must say so.
+    """
+    name = f"corral-kd-{os.getpid()}"
+    script = (
+        f"touch /usr/{name} /etc/{name}; mkdir /usr/{name}.d; echo x >> /etc/passwd;"
+        f" touch /var/{name}; true"
+    )
+    journal = tmp_path / "j.sqlite"
+    out = corral_exec("sh", "-c", script, opts=("--journal", str(journal), "--run", "run-kd4"))
+    assert out.code == 0, out.stderr
+    assert out.stderr.count("Read-only file system") == 4, out.stderr
+    assert not any(os.path.lexists(p) for p in (f"/usr/{name}", f"/etc/{name}", f"/usr/{name}.d"))
+    paths = [str(r[3]) for r in _kernel_rows(journal)]
+    assert any(p.endswith(" /var") for p in paths), paths
+    assert not any("/usr" in p or "/etc" in p for p in paths), paths
+    status = doctor.probe_audit()
+    assert status.available and doctor.READ_ONLY_MOUNT_GAP in status.reason
+    assert "/usr" in status.reason and "EROFS" in status.reason

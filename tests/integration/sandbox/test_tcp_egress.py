@@ -316,3 +316,49 @@ def test_git_clone_over_ssh_through_the_broker(
     ]
     allowed = _rows(journal)[0]
     assert allowed.bytes_up > 1000 and allowed.bytes_down > 1000  # the ssh session itself
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git missing")
+def test_plain_ssh_and_git_use_the_ssh_config_corral_writes(
+    corral_exec: ExecFn, sshd: Sshd, workspace: Path, tmp_path: Path
+) -> None:
+    """No ProxyCommand option, no GIT_SSH_COMMAND: the sandbox's ssh_config routes them."""
+    shutil.copy(sshd.key, workspace / "key")
+    host_key = (sshd.key.parent / "host.pub").read_text().split()
+    (workspace / "known").write_text(f"[git.test]:{sshd.allowed} {host_key[0]} {host_key[1]}\n")
+    cfg = tmp_path / "corral.toml"
+    cfg.write_text(
+        'resolver_overrides = { "git.test" = "127.0.0.1" }\n'
+        f'[[tcp]]\nhost = "git.test"\nport = {sshd.allowed}\nallow_private = true\n'
+    )
+    journal = tmp_path / "j.sqlite"
+    url = f"ssh://root@git.test:{sshd.allowed}"
+    script = "\n".join(
+        [
+            "unset GIT_SSH_COMMAND CORRAL_SSH_PROXY_COMMAND",
+            "mkdir -p ~/.ssh && cp key ~/.ssh/id_ed25519 && cp known ~/.ssh/known_hosts",
+            "chmod 700 ~/.ssh && chmod 600 ~/.ssh/id_ed25519",
+            f"ssh -T {url} echo plain-ssh-reached </dev/null",
+            f"git clone -q {url}{sshd.repo} clone && cat clone/README",
+            # The file is corral's, read-only: the sandbox cannot rewrite it.
+            "echo 'Host *' >> /etc/ssh/ssh_config 2>/dev/null && echo CONFIG-WRITTEN"
+            " || echo CONFIG-READONLY",
+        ]
+    )
+    out = corral_exec(
+        "sh", "-c", script, opts=("--config", str(cfg), "--journal", str(journal)), timeout=120
+    )
+    assert "plain-ssh-reached" in out.stdout, out.stdout + out.stderr
+    assert "over-ssh" in out.stdout, out.stdout + out.stderr
+    assert "CONFIG-READONLY" in out.stdout, out.stdout
+    time.sleep(0.2)  # sshd writes its log line after accepting
+    assert sshd.log.read_text().count("Accepted publickey for root") == 2
+    got = [(r.target, r.decision) for r in _rows(journal)]
+    assert got == [(f"tcp://git.test:{sshd.allowed}", "allow")] * 2
+
+
+def test_no_tcp_rule_means_no_ssh_config(corral_exec: ExecFn, tmp_path: Path) -> None:
+    out = corral_exec(
+        "sh", "-c", "cat /etc/ssh/ssh_config || echo NO-CONFIG", opts=("--allow", "pypi.org")
+    )
+    assert "NO-CONFIG" in out.stdout and "ProxyCommand" not in out.stdout, out.stdout

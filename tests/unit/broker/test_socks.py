@@ -25,6 +25,7 @@ from corral.broker.tcp import (
     expand_host_services,
     parse_host_service_flag,
     sandbox_env_for,
+    sandbox_ssh_config,
     ssh_proxy_command,
     tcp_policy,
 )
@@ -184,3 +185,11 @@ def test_sandbox_env_only_with_tcp_or_services() -> None:
     assert env["ALL_PROXY"] == "socks5h://127.0.0.1:3128"
     assert "'" not in ssh_proxy_command(3128)
     assert env["GIT_SSH_COMMAND"].startswith("ssh -o 'ProxyCommand=python3 ")
+
+
+def test_ssh_config_only_with_tcp_or_services() -> None:
+    assert sandbox_ssh_config(BrokerConfig(), 3128) is None
+    text = sandbox_ssh_config(BrokerConfig(tcp=(TcpRuleConfig(host="a.test", port=22),)), 3128)
+    assert text is not None
+    lines = [x for x in text.splitlines() if not x.startswith("#")]
+    assert lines == ["Host *", f"    ProxyCommand {ssh_proxy_command(3128)}"]

@@ -53,6 +53,9 @@ def test_mission_host_services_and_tcp_reach_the_broker_and_the_agent_env() -> N
     env = dict(spec.env)
     assert env["ALL_PROXY"] == "socks5h://127.0.0.1:3128"
     assert "ProxyCommand=" in env["GIT_SSH_COMMAND"]
+    # The agent's ssh config routes plain ssh through the broker too.
+    assert spec.network.ssh_config is not None
+    assert f"ProxyCommand {env['CORRAL_SSH_PROXY_COMMAND']}" in spec.network.ssh_config
 
 
 def test_mission_without_tcp_keeps_the_http_proxy_only() -> None:
