@@ -31,12 +31,12 @@ GUEST_IDS = 0x80000000
 port_fd = os.open(sys.argv[1], os.O_RDWR)
 go_path = sys.argv[2]
 wlock = threading.Lock()
-conns = {}
+conns: dict[int, socket.socket] = {}
 clock = threading.Lock()
 next_id = [GUEST_IDS]
 
 
-def send(kind, cid, payload=b""):
+def send(kind: int, cid: int, payload: bytes = b"") -> None:
     data = HEADER.pack(kind, cid, len(payload)) + payload
     with wlock:
         view = memoryview(data)
@@ -44,7 +44,7 @@ def send(kind, cid, payload=b""):
             view = view[os.write(port_fd, view) :]
 
 
-def read_exact(n):
+def read_exact(n: int) -> bytes:
     buf = b""
     while len(buf) < n:
         chunk = os.read(port_fd, n - len(buf))
@@ -54,7 +54,7 @@ def read_exact(n):
     return buf
 
 
-def pump(cid, sock):
+def pump(cid: int, sock: socket.socket) -> None:
     try:
         while True:
             data = sock.recv(MAX_PAYLOAD)
@@ -67,7 +67,7 @@ def pump(cid, sock):
         send(CLOSE, cid)
 
 
-def drop(cid):
+def drop(cid: int) -> None:
     with clock:
         sock = conns.pop(cid, None)
     if sock is not None:
@@ -75,13 +75,13 @@ def drop(cid):
             sock.close()
 
 
-def add(cid, sock):
+def add(cid: int, sock: socket.socket) -> None:
     with clock:
         conns[cid] = sock
     threading.Thread(target=pump, args=(cid, sock), daemon=True).start()
 
 
-def serve(srv, port):
+def serve(srv: socket.socket, port: int) -> None:
     while True:
         c, _ = srv.accept()
         with clock:
@@ -92,7 +92,7 @@ def serve(srv, port):
         add(cid, c)
 
 
-def opener(cid, port):
+def opener(cid: int, port: int) -> None:
     try:
         c = socket.create_connection(("127.0.0.1", port), timeout=10)
         c.settimeout(None)
