@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.run.rundisk import is_mounted, sweep_stale
+from corral.run.rundisk import is_mounted, reserve_bytes, sweep_stale
 from corral.run.store import Store
 from tests.integration.run.helpers import corral, new_id, write_mission
 
@@ -40,7 +40,7 @@ def _free(path: Path) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def test_disk_filling_agent_is_stopped_by_the_quota_and_the_run_is_found_remounted(
+def test_disk_filling_agent_gets_enospc_and_the_run_still_records_its_end(
     tmp_path: Path, host_fs: Path
 ) -> None:
     mission = write_mission(tmp_path / "m")
@@ -59,17 +59,25 @@ def test_disk_filling_agent_is_stopped_by_the_quota_and_the_run_is_found_remount
     proc = corral(
         "run", str(mission), "--plain", "--id", rid, "--runs-dir", str(runs), cwd=tmp_path
     )
-    # The agent and corral's own state share the quota: when the agent fills
-    # it, the run ends on the failed journal write (docs/resources.md).
+    # The agent's writes stop at ENOSPC; corral's state has its reserve on
+    # the image, so the run still records how it ended (before the reserve
+    # it died on `journal write failed: database or disk is full`).
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
-    if proc.returncode == 1:
-        assert "disk is full" in proc.stderr, proc.stderr
+    assert "disk is full" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     run_dir = runs / rid
     try:
         # Host side: the filesystem holding the image paid at most the quota.
         assert before - _free(host_fs) <= QUOTA + 8 * MIB
         big = run_dir / "workspace" / "big"
         assert big.stat().st_size < QUOTA
+        # ENOSPC came before the reserve: the agent could not write into it.
+        assert big.stat().st_size <= QUOTA - reserve_bytes(QUOTA)
+        # corral's own state was written after the agent filled the disk.
+        with Store(run_dir / "state.sqlite", readonly=True) as store:
+            assert store.run().state in ("passed", "failed"), store.run()
+            assert store.sessions()
+        assert "Sessions" in (run_dir / "report.md").read_text()
+        assert (run_dir / "journal.sqlite").stat().st_size > 0
         # The coordinator is gone: its mount is stale, the next start sweeps it.
         assert is_mounted(run_dir)
         assert sweep_stale(runs) == [rid]
