@@ -12,6 +12,7 @@ import pytest
 
 from corral.run.rundisk import is_mounted, reserve_bytes, sweep_stale
 from corral.run.store import Store
+from corral.run.watchdog import read_samples
 from tests.integration.run.helpers import corral, new_id, write_mission
 
 pytestmark = [pytest.mark.requires_sandbox, pytest.mark.requires_root, pytest.mark.timeout(90)]
@@ -76,7 +77,17 @@ def test_disk_filling_agent_gets_enospc_and_the_run_still_records_its_end(
         with Store(run_dir / "state.sqlite", readonly=True) as store:
             assert store.run().state in ("passed", "failed"), store.run()
             assert store.sessions()
-        assert "Sessions" in (run_dir / "report.md").read_text()
+        report = (run_dir / "report.md").read_text()
+        assert "Sessions" in report
+        # The watchdog sampled the image (statvfs): the agent's fill shows,
+        # and the report's plot draws disk against the quota.
+        disk = [x.disk_bytes for x in read_samples(run_dir / "footprint.jsonl")]
+        assert disk and all(d is not None for d in disk)
+        assert max(d or 0 for d in disk) >= QUOTA // 2
+        assert (
+            "memory, CPU and disk" in report
+            and "disk cap" in (run_dir / "footprint.svg").read_text()
+        )
         assert (run_dir / "journal.sqlite").stat().st_size > 0
         # The coordinator is gone: its mount is stale, the next start sweeps it.
         assert is_mounted(run_dir)
