@@ -27,6 +27,7 @@ from corral.verify.probes import (
 )
 from corral.verify.probes import broker_tcp as broker_tcp_mod
 from corral.verify.probes import check_reasons as check_reasons_mod
+from corral.verify.probes import footprint_pages as footprint_pages_mod
 from corral.verify.probes._prelude import PRELUDE
 
 __all__ = ["PRELUDE", "all_probes"]
@@ -57,6 +58,7 @@ def all_probes() -> list[Probe]:
         *broker_tcp_mod.PROBES,
         *broker_control.PROBES,
         *check_reasons_mod.PROBES,
+        *footprint_pages_mod.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:
