@@ -23,6 +23,7 @@ any path component named `.git` when it walks the work tree.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -161,6 +162,18 @@ _JOIN = (
 )
 
 
+#: A run's git runs without supplementary groups and CAP_SYS_RESOURCE: on a
+#: `run_disk` image ext4 keeps its reserved blocks for writers with either
+#: (corral's state, `run.rundisk`), and git writes objects of the agent's data.
+_NO_RESERVE = (
+    "setpriv",
+    "--clear-groups",
+    "--bounding-set=-sys_resource",
+    "--inh-caps=-sys_resource",
+    "--",
+)
+
+
 def _joined(argv: list[str], env: dict[str, str], cgroup_procs: Sequence[str]) -> list[str]:
     """`argv` run by a shell that first joins `cgroup_procs` (`argv` itself when empty)."""
     if not cgroup_procs:
@@ -168,7 +181,8 @@ def _joined(argv: list[str], env: dict[str, str], cgroup_procs: Sequence[str]) -
     if any(":" in p for p in cgroup_procs):
         raise GitError(f"cgroup path with ':' cannot be joined: {cgroup_procs!r}")
     env["CORRAL_JOIN_CGROUPS"] = ":".join(cgroup_procs)
-    return ["/bin/sh", "-c", _JOIN, "corral-git", *argv]
+    drop = _NO_RESERVE if os.geteuid() == 0 else ()
+    return ["/bin/sh", "-c", _JOIN, "corral-git", *drop, *argv]
 
 
 def _exit_reason(code: int, stderr: bytes) -> str:
@@ -468,6 +482,8 @@ class TrustedRepo:
                         f"snapshot of {commit[:12]} over {budget.timeout_s:g}s"
                     ) from exc
                 raise GitError(f"git archive {commit[:12]}: unreadable tar: {exc}") from exc
+            except OSError as exc:
+                raise GitError(f"snapshot of {commit[:12]}: {exc.strerror or exc}") from exc
             finally:
                 timer.cancel()
         return skipped
@@ -478,6 +494,18 @@ def _remaining(deadline: float) -> float:
     if left <= 0:
         raise GitBudgetError("host git work is over its wall-clock budget")
     return left
+
+
+def _check_unreserved(fd: int, size: int) -> None:
+    """ENOSPC unless `size` bytes fit outside the filesystem's reserved blocks.
+
+    The coordinator writes snapshots as root, which ext4 lets into the blocks
+    reserved for corral's state; `f_bavail` is what an unprivileged writer may
+    still use, so a snapshot of an agent's data never eats the reserve.
+    """
+    st = os.fstatvfs(fd)
+    if st.f_bavail * st.f_frsize < size:
+        raise OSError(errno.ENOSPC, "no space left outside the reserve for corral's state")
 
 
 class _SparseTar(tarfile.TarFile):
@@ -501,6 +529,7 @@ class _SparseTar(tarfile.TarFile):
                 if chunk.count(0) == len(chunk):
                     target.seek(len(chunk), os.SEEK_CUR)
                 else:
+                    _check_unreserved(target.fileno(), len(chunk))
                     target.write(chunk)
             target.truncate(tarinfo.size)
 

@@ -24,6 +24,7 @@ run; a SIGTERM (`corral stop`) ends it as `stopped` after killing everything.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -67,7 +68,7 @@ from corral.run.environments import (
 from corral.run.envnet import missing_secrets
 from corral.run.forward import PortForwarder, probe_ready
 from corral.run.mission import Mission, ProviderRef, parse_mission, parse_provider
-from corral.run.pause import wait_unpaused
+from corral.run.pause import active_clock, wait_unpaused
 from corral.run.product_io import ensure_data_dir, probe_all, strip_data_setid
 from corral.run.progress import Progress
 from corral.run.prompt import build_prompt
@@ -893,11 +894,13 @@ class Coordinator:
             return None, None, False, f"the product sandbox could not start: {exc}"
         self._watch_kernel(running, "product", n)
         ns = holder[0]
+        clock = active_clock(self._paused_s)
         ready, why = probe_all(
             ns,
             product,
             lambda: running.poll() is None and not self._stopping(),
-            probe_ready,
+            functools.partial(probe_ready, clock=clock),
+            clock,
         )
         if not ready:
             err = _read_tail(self.layout.product_dir(n, start) / "stderr.log", 600).strip()

@@ -33,15 +33,18 @@ def probe_ready(
     path: str | None,
     timeout_s: float,
     alive: Callable[[], bool],
+    *,
+    clock: Callable[[], float] = time.monotonic,
 ) -> tuple[bool, str]:
     """Poll the product until it accepts (and, with `path`, answers HTTP < 500).
 
     Returns (ready, reason). Gives up when `alive()` turns false (the product
-    exited) or after `timeout_s`. Only a status line is read from the product.
+    exited) or after `timeout_s` by `clock` (a run's clock stops while it is
+    paused). Only a status line is read from the product.
     """
-    deadline = time.monotonic() + timeout_s
+    deadline = clock() + timeout_s
     last = "no attempt"
-    while time.monotonic() < deadline:
+    while clock() < deadline:
         if not alive():
             return False, f"the product exited before it was ready ({last})"
         try:
@@ -51,7 +54,7 @@ def probe_ready(
             time.sleep(0.1)
             continue
         try:
-            sock.settimeout(max(0.1, min(2.0, deadline - time.monotonic())))
+            sock.settimeout(max(0.1, min(2.0, deadline - clock())))
             if path is None:
                 return True, f"port {port} accepts connections"
             sock.sendall(f"GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())

@@ -102,3 +102,19 @@ def wait_unpaused(
             return running.wait(max(left, 0.0))
         time.sleep(poll_s)
     return running.wait()
+
+
+def active_clock(paused_s: Callable[[float, float], float]) -> Callable[[], float]:
+    """A clock that stands still while the run is paused (seconds, from now).
+
+    For deadlines of work that freezes with the run (the product's
+    `ready_timeout`): `time.monotonic()` minus the paused time since the
+    clock was made, so a pause never uses up the budget.
+    """
+    origin = time.monotonic()
+
+    def clock() -> float:
+        now = time.monotonic()
+        return now - paused_s(origin, now)
+
+    return clock

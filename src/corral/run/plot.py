@@ -1,10 +1,10 @@
-"""`footprint.svg`: memory and CPU over time per environment, from the watchdog's samples.
+"""`footprint.svg`: memory, CPU and disk over time per environment, from the watchdog's samples.
 
 matplotlib is imported here only, when a report is rendered (never on
 `corral exec`'s path), with the Agg backend: no display is touched. The
 samples are the coordinator's own file (`footprint.jsonl`); environment names
-are matched from corral's own cgroup names. Disk is not sampled yet, so it is
-not drawn.
+are matched from corral's own cgroup names. Disk (the run's `run_disk` image,
+its size drawn as the cap) gets a third panel when the samples have it.
 """
 
 from __future__ import annotations
@@ -44,7 +44,10 @@ def render_svg(samples: Sequence[Sample], caps: Mapping[str, int | None], dest: 
     import matplotlib.pyplot as plt
 
     series = _series(samples)
-    fig, (ax_mem, ax_cpu) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    disk = [(s.mono - samples[0].mono, s.disk_bytes, s.disk_cap_bytes) for s in samples]
+    disk = [d for d in disk if d[1] is not None]
+    fig, axes = plt.subplots(3 if disk else 2, 1, figsize=(8, 8 if disk else 6), sharex=True)
+    ax_mem, ax_cpu = axes[0], axes[1]
     try:
         for env, (ts, mem, cpu) in sorted(series.items()):
             (line,) = ax_mem.plot(ts, mem, label=env)
@@ -57,8 +60,20 @@ def render_svg(samples: Sequence[Sample], caps: Mapping[str, int | None], dest: 
         ax_mem.set_ylabel("memory (MiB)")
         ax_mem.legend(fontsize="small", loc="upper left")
         ax_cpu.set_ylabel("CPU (% of one core)")
-        ax_cpu.set_xlabel("seconds since the run started")
-        ax_mem.set_title("run footprint (kernel counters, watchdog samples; disk not sampled)")
+        if disk:
+            ax_disk = axes[2]
+            (line,) = ax_disk.plot(
+                [d[0] for d in disk], [(d[1] or 0) / _MiB for d in disk], label="run disk"
+            )
+            cap = disk[-1][2]
+            if cap:
+                ax_disk.axhline(
+                    cap / _MiB, color=line.get_color(), linestyle="--", label="disk cap"
+                )
+            ax_disk.set_ylabel("disk (MiB)")
+            ax_disk.legend(fontsize="small", loc="upper left")
+        axes[-1].set_xlabel("seconds since the run started")
+        ax_mem.set_title("run footprint (kernel counters, watchdog samples)")
         fig.tight_layout()
         tmp = dest.with_suffix(".tmp.svg")
         fig.savefig(tmp, format="svg")
@@ -73,4 +88,9 @@ def footprint_section(run_dir: Path, caps: Mapping[str, int | None]) -> str:
     if len(samples) < 2:
         return ""
     render_svg(samples, caps, run_dir / "footprint.svg")
-    return "\n## Footprint\n\n![memory and CPU per environment](footprint.svg)\n"
+    what = (
+        "memory, CPU and disk"
+        if any(s.disk_bytes is not None for s in samples)
+        else ("memory and CPU")
+    )
+    return f"\n## Footprint\n\n![{what} per environment](footprint.svg)\n"

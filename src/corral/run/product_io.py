@@ -34,13 +34,19 @@ def probe_all(
     product: ProductSettings,
     alive: Callable[[], bool],
     probe: Callable[[SandboxNet, int, str | None, float, Callable[[], bool]], tuple[bool, str]],
+    clock: Callable[[], float] = time.monotonic,
 ) -> tuple[bool, str]:
-    """`probe` each port in turn within one `ready_timeout` (`ready_path` on `port` only)."""
-    deadline = time.monotonic() + product.ready_timeout
+    """`probe` each port in turn within one `ready_timeout` (`ready_path` on `port` only).
+
+    The timeout is measured by `clock`: the run's, which stops while it is
+    paused (the product is frozen with it and cannot get ready meanwhile);
+    `probe` gets the time left by it and should use the same clock.
+    """
+    deadline = clock() + product.ready_timeout
     whys: list[str] = []
     for port in product.all_ports:
         path = product.ready_path if port == product.port else None
-        left = max(0.1, deadline - time.monotonic())
+        left = max(0.1, deadline - clock())
         ready, why = probe(ns, port, path, left, alive)
         if not ready:
             return False, why

@@ -10,6 +10,17 @@ mount goes (util-linux sets LO_FLAGS_AUTOCLEAR for `mount -o loop`).
 Whoever mounts writes `<rid>.owner` (its pid) next to the image first; a
 mount whose owner is gone (coordinator killed with SIGKILL) is unmounted by
 `sweep_stale` on the next start, as stale cgroups are.
+
+A part of the image is ext4's reserved blocks, kept for corral's own state
+(journal, state db, report). ext4 lets a write use them when the writer runs
+as `s_resuid`, is in group `s_resgid` (unless that is 0), or holds
+CAP_SYS_RESOURCE (which root lacks on some hosts, this one included). The
+image's reserve belongs to `RESERVE_GID`, which the coordinator adds to its
+supplementary groups (`join_reserve_group`) and its brokers inherit; a
+sandbox drops all groups and runs as a leased uid, and host git runs with
+the group and the capability dropped (`hostgit`), as it writes objects of
+the agent's data. So a disk-filling agent gets ENOSPC while corral can still
+record how the run ended.
 """
 
 from __future__ import annotations
@@ -25,12 +36,35 @@ from pathlib import Path
 from corral.errors import RunDiskError
 from corral.sandbox.cgroup import pid_alive
 
-__all__ = ["DISKS_DIR", "RunDisk", "create_run_disk", "ensure_mounted", "is_mounted", "sweep_stale"]
+__all__ = [
+    "DISKS_DIR",
+    "RESERVE_GID",
+    "RESERVE_UID",
+    "RunDisk",
+    "create_run_disk",
+    "ensure_mounted",
+    "is_mounted",
+    "join_reserve_group",
+    "reserve_bytes",
+    "sweep_stale",
+]
 
 DISKS_DIR = ".disks"
 #: ext4 with a 4 KiB block size needs a few MiB for its own metadata.
 MIN_BYTES = 16 << 20
 _TOOL_TIMEOUT_S = 60.0
+#: Owner and group of the reserved blocks (ext4 keeps 16 bits of each).
+#: `nobody`/`nogroup`: outside the sandbox uid range (`uids.range_conflict`
+#: keeps it off /etc/passwd) and nothing of corral runs as them; only the
+#: group grants the reserve to corral, and only inside the 0700 run directory.
+RESERVE_UID = 65534
+RESERVE_GID = 65534
+_BLOCK = 4096
+
+
+def reserve_bytes(size_bytes: int) -> int:
+    """The part of a `run_disk` image kept for corral's state: an eighth, 4 to 64 MiB."""
+    return max(4 << 20, min(64 << 20, size_bytes // 8))
 
 
 def _unescape(field: str) -> str:
@@ -93,15 +127,15 @@ class RunDisk:
             os.ftruncate(fd, size_bytes)
         finally:
             os.close(fd)
-        # -m 0: no blocks reserved for root (the quota is the whole image);
+        # -b 4096: the reserve below is counted in these blocks;
         # nodiscard: the sparse file is already all holes.
         _run(
             [
                 "mkfs.ext4",
                 "-q",
                 "-F",
-                "-m",
-                "0",
+                "-b",
+                str(_BLOCK),
                 "-E",
                 "nodiscard",
                 "-L",
@@ -109,6 +143,19 @@ class RunDisk:
                 str(self.image),
             ],
             "mkfs.ext4",
+        )
+        _run(
+            [
+                "tune2fs",
+                "-r",
+                str(reserve_bytes(size_bytes) // _BLOCK),
+                "-u",
+                str(RESERVE_UID),
+                "-g",
+                str(RESERVE_GID),
+                str(self.image),
+            ],
+            "tune2fs",
         )
 
     @contextlib.contextmanager
@@ -183,8 +230,26 @@ def _owner_pid(path: Path) -> int | None:
         return None
 
 
+def join_reserve_group() -> None:
+    """Let this process (and what it starts later) write into an image's reserve.
+
+    Idempotent. Only processes that write corral's state should call it; it
+    is set before any broker is started, which inherits the group.
+    """
+    groups = os.getgroups()
+    if RESERVE_GID in groups:
+        return
+    try:
+        os.setgroups([*groups, RESERVE_GID])
+    except OSError as exc:
+        raise RunDiskError(
+            exc.errno, f"cannot join group {RESERVE_GID} for the state reserve: {exc.strerror}"
+        ) from exc
+
+
 def create_run_disk(runs_dir: Path, rid: str, size_bytes: int) -> RunDisk:
     """A new run's image, mounted on its (empty) directory before anything is written."""
+    join_reserve_group()
     disk = RunDisk(runs_dir, rid)
     disk.create(size_bytes)
     disk.mount()
@@ -201,6 +266,7 @@ def ensure_mounted(run_root: Path) -> None:
     disk = RunDisk(root.parent, root.name)
     if not disk.image.is_file():
         return
+    join_reserve_group()
     with disk.locked():
         if not is_mounted(disk.target):
             disk._mount()

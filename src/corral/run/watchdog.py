@@ -9,7 +9,10 @@ run's directory in the cgroup2 tree (present in the hybrid v1 layout too:
 PSI is a core cgroup2 file that needs no controller), else host-wide
 /proc/pressure/memory (`pressure_source` says which); and, per environment
 (the run cgroup's `<env>-<pid>-<hex>` children and `helpers`), memory in use
-and CPU time.
+and CPU time; and the run directory's disk use and quota when it is its own
+`run_disk` filesystem (one statvfs: never a walk of the agent's tree, whose
+size and file count the agent chooses). Without `run_disk` disk is not
+sampled (`None`).
 
 The watchdog only observes: the kernel's memory cap acts before an
 allocation succeeds, the watchdog one sample (plus the freeze) after it. A
@@ -44,6 +47,7 @@ __all__ = [
     "Watchdog",
     "breach",
     "breach_handler",
+    "disk_usage",
     "parse_mem_available",
     "parse_pressure",
     "pressure_source",
@@ -71,6 +75,9 @@ class Sample:
     """'some avg10' → value, from `pressure_source`."""
     envs: dict[str, EnvSample] = field(default_factory=dict)
     """'run' (the whole run), 'agent', 'product', 'verifier', 'helpers'."""
+    disk_bytes: int | None = None
+    """Bytes in use on the run's `run_disk` image (None: no image)."""
+    disk_cap_bytes: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -126,6 +133,12 @@ def pressure_source(cg: RunCgroup) -> str:
     return "/proc/pressure/memory"
 
 
+def _is_mount(path: Path) -> bool:
+    from corral.run.rundisk import is_mounted
+
+    return is_mounted(path)
+
+
 def _read(path: str) -> str:
     with open(path, encoding="ascii") as fh:
         return fh.read()
@@ -153,8 +166,17 @@ def _env_usage(cg: RunCgroup, rel: str) -> EnvSample:
     return EnvSample(mem, cpu)
 
 
-def take_sample(cg: RunCgroup, pressure_path: str) -> Sample:
-    """One reading of the host and of every environment of the run."""
+def disk_usage(root: Path) -> tuple[int, int] | None:
+    """(bytes used, bytes in all) of the filesystem at `root`, from one statvfs."""
+    try:
+        st = os.statvfs(root)
+    except OSError:
+        return None
+    return (st.f_blocks - st.f_bfree) * st.f_frsize, st.f_blocks * st.f_frsize
+
+
+def take_sample(cg: RunCgroup, pressure_path: str, disk_root: Path | None = None) -> Sample:
+    """One reading of the host and of every environment of the run (and its image)."""
     with open("/proc/meminfo", encoding="ascii") as fh:
         available = parse_mem_available(fh.read())
     try:
@@ -175,7 +197,16 @@ def take_sample(cg: RunCgroup, pressure_path: str) -> Sample:
         u = _env_usage(cg, f"{cg.relpath}/{name}")
         prev = envs.get(env, EnvSample(0, 0.0))
         envs[env] = EnvSample(prev.memory_bytes + u.memory_bytes, prev.cpu_s + u.cpu_s)
-    return Sample(time.time(), time.monotonic(), available, pressure, envs)
+    disk = disk_usage(disk_root) if disk_root is not None else None
+    return Sample(
+        time.time(),
+        time.monotonic(),
+        available,
+        pressure,
+        envs,
+        disk[0] if disk else None,
+        disk[1] if disk else None,
+    )
 
 
 def read_samples(path: Path, limit: int = 100_000) -> list[Sample]:
@@ -213,6 +244,9 @@ class Watchdog:
         self.samples = samples
         self.on_breach = on_breach
         self.pressure_path = pressure_source(cg)
+        # The run directory holds the samples; on its own image its disk is read.
+        root = samples.parent
+        self.disk_root = root if _is_mount(root) else None
         self.taken = 0
         self._armed = True
         self._stored = 0.0
@@ -237,7 +271,7 @@ class Watchdog:
     def _step(self) -> None:
         assert self._out is not None
         try:
-            sample = take_sample(self.cg, self.pressure_path)
+            sample = take_sample(self.cg, self.pressure_path, self.disk_root)
         except (OSError, ValueError):
             return
         self.taken += 1

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from corral.errors import RunDiskError
+from corral.hostgit import _NO_RESERVE
 from corral.run.footprint import run_disk_usage
-from corral.run.rundisk import RunDisk, is_mounted, sweep_stale
+from corral.run.rundisk import RunDisk, is_mounted, reserve_bytes, sweep_stale
 
 pytestmark = [pytest.mark.requires_root]
 
@@ -79,6 +80,66 @@ def test_filling_the_run_dir_hits_enospc_and_the_host_pays_at_most_the_quota(
         disk.remove()
     assert not is_mounted(disk.target)
     assert _loops_backing(disk.image) == ""
+
+
+#: The coordinator: joins the reserve group, then writes its state (argv:
+#: path) or starts host git's way (argv: path, then a command it execs).
+CORAL_SIDE = """
+import os, sys
+from corral.run.rundisk import join_reserve_group
+join_reserve_group()
+if len(sys.argv) > 2:
+    os.execvp(sys.argv[2], sys.argv[2:])
+with open(sys.argv[1], "wb") as fh:
+    fh.write(b"s" * (1 << 20))
+"""
+
+
+def _write_mib(argv_prefix: list[str], path: Path, mib: int) -> subprocess.CompletedProcess[str]:
+    """`mib` MiB written by `argv_prefix dd` to `path`, opened here (ext4
+    judges the reserve by the writer's credentials at each write)."""
+    with open(path, "wb") as out:
+        return subprocess.run(
+            [*argv_prefix, "dd", "if=/dev/urandom", "bs=1M", f"count={mib}", "iflag=fullblock"],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+
+
+def test_an_agent_filling_the_image_leaves_corrals_reserve_and_git_cannot_take_it(
+    tmp_path: Path,
+) -> None:
+    disk = RunDisk(tmp_path, "rr")
+    disk.create(QUOTA)
+    try:
+        disk.mount()
+        agent = ["setpriv", "--reuid=64999", "--regid=64999", "--clear-groups", "--"]
+        filled = _write_mib(agent, disk.target / "fill", 2 * QUOTA // MIB)
+        assert "No space left" in filled.stderr
+        size = (disk.target / "fill").stat().st_size
+        assert size <= QUOTA - reserve_bytes(QUOTA)
+        # Host git's writes (root, groups and CAP_SYS_RESOURCE dropped) and a
+        # snapshot (unprivileged free space, checked) get no reserve either.
+        git_like = _write_mib(
+            [sys.executable, "-c", CORAL_SIDE, "-", *_NO_RESERVE], disk.target / "obj", 2
+        )
+        assert "No space left" in git_like.stderr
+        assert (disk.target / "obj").stat().st_size < MIB
+        # corral's state writer (the coordinator, its brokers) still can.
+        state = subprocess.run(
+            [sys.executable, "-c", CORAL_SIDE, str(disk.target / "state")],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        assert state.returncode == 0, state.stderr
+        assert (disk.target / "state").stat().st_size == MIB
+    finally:
+        disk.remove()
 
 
 HOLDER = """

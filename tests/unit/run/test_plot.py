@@ -41,3 +41,23 @@ def test_matplotlib_stays_off_the_exec_and_coordinator_import_path() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_disk_samples_get_a_panel_with_the_quota(tmp_path: Path) -> None:
+    lines = [
+        Sample(
+            float(i),
+            float(i),
+            1 << 33,
+            {},
+            {"run": EnvSample(20 << 20, i * 0.5)},
+            disk_bytes=(i * 10) << 20,
+            disk_cap_bytes=64 << 20,
+        ).to_json()
+        for i in range(5)
+    ]
+    (tmp_path / "footprint.jsonl").write_text("\n".join(lines) + "\n")
+    section = footprint_section(tmp_path, {"run": 64 << 20})
+    assert "memory, CPU and disk" in section
+    svg = (tmp_path / "footprint.svg").read_text()
+    assert "disk cap" in svg and "run disk" in svg

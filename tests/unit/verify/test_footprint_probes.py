@@ -29,3 +29,4 @@ def test_growth_past_the_cap_is_the_attack_working() -> None:
 def test_footprint_probes_are_registered() -> None:
     ids = {p.id for p in all_probes()}
     assert {"fp-tcp-buffers", "fp-udp-buffers", "fp-unix-buffers", "fp-pipe-buffers"} <= ids
+    assert {"fp-shm-pages", "fp-tmpfs-pages", "fp-page-cache"} <= ids
