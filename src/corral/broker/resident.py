@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import select
@@ -45,10 +46,28 @@ _BOOT = (
 
 
 def resident_socket() -> Path:
-    """The per-user resident broker's control socket (in a 0700 directory)."""
+    """The per-user resident broker's control socket (in a 0700 directory).
+
+    Named after this corral's source tree and interpreter: a launcher never
+    hands its sandboxes to a resident running other code (an older install,
+    another checkout).
+    """
     runtime = os.environ.get("XDG_RUNTIME_DIR", "")
     base = Path(runtime) if runtime.startswith("/") else Path(tempfile.gettempdir())
-    return base / f"corral-{os.getuid()}" / "broker" / "resident.sock"
+    code = f"{_SOURCE_ROOT}\0{sys.executable}\0{_code_stamp()}".encode()
+    tag = hashlib.sha256(code).hexdigest()[:16]
+    return base / f"corral-{os.getuid()}" / "broker" / f"resident-{tag}.sock"
+
+
+def _code_stamp() -> str:
+    # Edits to the broker's code (a git checkout, an upgrade) change the
+    # directory's mtime only for added/removed files; the files' own mtimes
+    # catch edits in place.
+    here = Path(__file__).resolve().parent
+    try:
+        return str(max(p.stat().st_mtime_ns for p in here.glob("*.py")))
+    except (OSError, ValueError):
+        return "0"
 
 
 def _private_dirs(path: Path) -> None:
