@@ -106,14 +106,16 @@ def _cold(config: BrokerConfig, journal: Path, up: int) -> tuple[float, float]:
     return wall, _children_cpu() - c0
 
 
-def _resident(config_json: str, journal: Path, up: int, sock: Path) -> tuple[float, float, int]:
+def _resident(
+    config_json: str, journal: Path, up: int, sock: Path, known: int | None = None
+) -> tuple[float, float, int]:
     lsock, port = _listener()
+    c0 = _cpu_of(known) if known is not None else 0.0
     t0 = time.perf_counter()
     att = attach_resident(
         lsock, config_json, journal, run="b", session=None, env="exec", socket_path=sock
     )
     lsock.close()
-    c0 = _cpu_of(att.pid)
     _first_byte(port, up)
     wall = time.perf_counter() - t0
     att.detach()
@@ -121,7 +123,7 @@ def _resident(config_json: str, journal: Path, up: int, sock: Path) -> tuple[flo
 
 
 def _exec(
-    mode: str, allow: bool, cfg: Path, ws: Path, up: int, pid: list[int]
+    mode: str, allow: bool, *, cfg: Path, ws: Path, up: int, pid: list[int]
 ) -> tuple[float, float]:
     argv = [sys.executable, "-m", "corral", "exec", "--workspace", str(ws)]
     if allow:
@@ -174,9 +176,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--exec-rounds", type=int, default=5)
     args = parser.parse_args()
-    print(
-        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus, {time.strftime('%Y-%m-%d %H:%M %Z')}"
-    )
+    when = time.strftime("%Y-%m-%d %H:%M %Z")
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus, {when}")
     up = _upstream()
     config = _config(up)
     with tempfile.TemporaryDirectory(prefix="corral-bench-") as tmp:
@@ -193,16 +194,15 @@ def main() -> int:
             w, c = _cold(config, root / f"c{i}.sqlite", up)
             cold_w.append(w)
             cold_c.append(c)
-            w, c, _ = _resident(config.to_json(), root / f"r{i + 1}.sqlite", up, sock)
+            w, c, _ = _resident(config.to_json(), root / f"r{i + 1}.sqlite", up, sock, rpid)
             res_w.append(w)
             res_c.append(c)
         print("1. listener -> first byte through the broker (no sandbox)")
         print(f"   cold broker      wall {_fmt(cold_w)}   cpu {_fmt(cold_c)}")
         print(f"   resident (warm)  wall {_fmt(res_w)}   cpu {_fmt(res_c)}")
         print(f"   resident's first attach (spawns it): {first * 1000:.1f} ms")
-        print(
-            f"   ratio cold/resident (median wall): {statistics.median(cold_w) / statistics.median(res_w):.1f}x"
-        )
+        ratio = statistics.median(cold_w) / statistics.median(res_w)
+        print(f"   ratio cold/resident (median wall): {ratio:.1f}x")
         os.kill(rpid, 15)
 
         cfg = root / "corral.toml"
@@ -216,14 +216,15 @@ def main() -> int:
             k: ([], []) for k in ("none", "cold", "resident")
         }
         pid: list[int] = []
-        _exec("resident", True, cfg, ws, up, pid)  # warm the resident (and the page cache)
+        # Warm the resident (and the page cache).
+        _exec("resident", True, cfg=cfg, ws=ws, up=up, pid=pid)
         for _ in range(args.exec_rounds):
             for name, mode, allow in (
                 ("none", "cold", False),
                 ("cold", "cold", True),
                 ("resident", "resident", True),
             ):
-                w, c = _exec(mode, allow, cfg, ws, up, pid)
+                w, c = _exec(mode, allow, cfg=cfg, ws=ws, up=up, pid=pid)
                 results[name][0].append(w)
                 results[name][1].append(c)
         print("2. corral exec end to end (curl through the broker inside a namespace sandbox)")
@@ -234,12 +235,12 @@ def main() -> int:
                 "resident": "--config, resident",
             }[name]
             print(f"   {label:20} wall {_fmt(w)}   cpu {_fmt(c)}")
-        base = statistics.median(results["none"][0])
+        base_w = statistics.median(results["none"][0])
+        base_c = statistics.median(results["none"][1])
         for name in ("cold", "resident"):
-            print(
-                f"   egress adds ({name}): {(statistics.median(results[name][0]) - base) * 1000:.0f} ms wall, "
-                f"{(statistics.median(results[name][1]) - statistics.median(results['none'][1])) * 1000:.0f} ms cpu"
-            )
+            w_ms = (statistics.median(results[name][0]) - base_w) * 1000
+            c_ms = (statistics.median(results[name][1]) - base_c) * 1000
+            print(f"   egress adds ({name}): {w_ms:.0f} ms wall, {c_ms:.0f} ms cpu")
         if pid:
             os.kill(pid[0], 15)
     return 0
