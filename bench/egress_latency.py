@@ -228,13 +228,13 @@ def main() -> int:
                 results[name][0].append(w)
                 results[name][1].append(c)
         print("2. corral exec end to end (curl through the broker inside a namespace sandbox)")
-        for name, (w, c) in results.items():
+        for name, (walls, cpus) in results.items():
             label = {
                 "none": "no egress (true)",
                 "cold": "--config, cold",
                 "resident": "--config, resident",
             }[name]
-            print(f"   {label:20} wall {_fmt(w)}   cpu {_fmt(c)}")
+            print(f"   {label:20} wall {_fmt(walls)}   cpu {_fmt(cpus)}")
         base_w = statistics.median(results["none"][0])
         base_c = statistics.median(results["none"][1])
         for name in ("cold", "resident"):
