@@ -29,6 +29,7 @@ from corral.verify.probes import (
 from corral.verify.probes import broker_tcp as broker_tcp_mod
 from corral.verify.probes import check_reasons as check_reasons_mod
 from corral.verify.probes import kernel_denials as kernel_denials_mod
+from corral.verify.probes import resident_broker as resident_broker_mod
 from corral.verify.probes._prelude import PRELUDE
 
 __all__ = ["PRELUDE", "all_probes"]
@@ -61,6 +62,7 @@ def all_probes() -> list[Probe]:
         *check_reasons_mod.PROBES,
         *browser_check.PROBES,
         *kernel_denials_mod.PROBES,
+        *resident_broker_mod.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:
