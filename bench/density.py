@@ -160,12 +160,10 @@ def main() -> int:
                 broker_pss += pss
                 corral_pss += pss
             mib = 1 << 20
-            print(
-                f"launchers (corral exec) PSS  {launcher_pss / mib:8.1f} MiB ({launcher_pss / n / mib:.1f}/sandbox)"
-            )
-            print(
-                f"broker(s) PSS                {broker_pss / mib:8.1f} MiB ({broker_pss / n / mib:.2f}/sandbox)"
-            )
+            each = launcher_pss / n / mib
+            print(f"launchers (corral exec) PSS  {launcher_pss / mib:8.1f} MiB ({each:.1f}/sandbox)")
+            each = broker_pss / n / mib
+            print(f"broker(s) PSS                {broker_pss / mib:8.1f} MiB ({each:.2f}/sandbox)")
             print(f"sandboxes' own processes PSS {sandbox_pss / mib:8.1f} MiB")
             print(f"sandboxes' memory cgroups    {cgroup_bytes / mib:8.1f} MiB")
             total = corral_pss + max(cgroup_bytes, sandbox_pss)
