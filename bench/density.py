@@ -161,7 +161,9 @@ def main() -> int:
                 corral_pss += pss
             mib = 1 << 20
             each = launcher_pss / n / mib
-            print(f"launchers (corral exec) PSS  {launcher_pss / mib:8.1f} MiB ({each:.1f}/sandbox)")
+            print(
+                f"launchers (corral exec) PSS  {launcher_pss / mib:8.1f} MiB ({each:.1f}/sandbox)"
+            )
             each = broker_pss / n / mib
             print(f"broker(s) PSS                {broker_pss / mib:8.1f} MiB ({each:.2f}/sandbox)")
             print(f"sandboxes' own processes PSS {sandbox_pss / mib:8.1f} MiB")
