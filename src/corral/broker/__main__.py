@@ -36,12 +36,20 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PID",
         help="exit (SIGTERM) when this parent dies",
     )
+    resident = sub.add_parser("resident", help="serve many sandboxes' listeners until idle")
+    resident.add_argument("--socket", required=True, type=Path, metavar="PATH")
+    resident.add_argument("--idle-s", type=float, default=30.0, metavar="S")
+    resident.add_argument("--ready-fd", type=int, default=None, metavar="M")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse `argv` and serve; the exit status."""
     args = _parser().parse_args(argv)
+    if args.command == "resident":
+        from corral.broker.resident_server import ResidentOptions, serve_resident
+
+        return serve_resident(ResidentOptions(args.socket, args.idle_s, args.ready_fd))
     from corral.broker.actions import Identity
     from corral.broker.config import BrokerConfig
     from corral.broker.server import ServeOptions, serve

@@ -28,7 +28,7 @@ import socket
 import ssl
 import stat
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,7 +48,14 @@ from corral.errors import BrokerError, ConfigError, CorralError, UsageError
 if TYPE_CHECKING:
     from corral.broker.mitm import CertAuthority
 
-__all__ = ["ServeOptions", "load_credentials", "load_route_secrets", "serve"]
+__all__ = [
+    "Prepared",
+    "ServeOptions",
+    "load_credentials",
+    "load_route_secrets",
+    "prepare",
+    "serve",
+]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -346,6 +353,76 @@ async def _main(
     return 1 if failures else 0
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A configuration checked and loaded (secrets read, policy compiled), not yet serving."""
+
+    config: BrokerConfig
+    policy: Policy
+    secrets: Mapping[str, RouteSecrets]
+    credentials: Credentials
+    ca: CertAuthority | None
+    tls: ssl.SSLContext
+    tcp_policy: Policy | None
+
+    def state(
+        self, journal: GroupCommitJournal, identity: Identity, socks: Sequence[socket.socket]
+    ) -> BrokerState:
+        """The connection handlers' state for these listeners and this journal."""
+        config = self.config
+        return BrokerState(
+            policy=self.policy,
+            journal=journal,
+            identity=identity,
+            resolver=Resolver(
+                config.resolver_overrides, config.system_dns, config.limits.resolve_timeout_s
+            ),
+            limits=config.limits,
+            tls=self.tls,
+            routes=self.secrets,
+            own_endpoints=_own_endpoints(socks),
+            budgets={
+                name: SessionBudget(route.token_budget)
+                for name, route in config.routes.items()
+                if route.meter_usage or route.token_budget is not None
+            },
+            credentials=self.credentials,
+            ca=self.ca,
+            tcp_policy=self.tcp_policy,
+        )
+
+
+def prepare(
+    config: BrokerConfig,
+    environ: Mapping[str, str],
+    tls_context: Callable[[BrokerConfig], ssl.SSLContext] | None = None,
+) -> Prepared:
+    """Load everything `config` names; ConfigError (or BrokerError) when it cannot be served.
+
+    `tls_context` builds the upstream TLS context (default: a fresh one; the
+    resident broker passes a cache, since loading the host's CA store is the
+    dearest step).
+    """
+    from corral.broker.tcp import expand_host_services, tcp_policy
+
+    config = expand_host_services(config)
+    secrets = load_route_secrets(config, environ)
+    credentials = load_credentials(config, environ)
+    ca = _load_ca(config)
+    hooks = _load_hooks(config.hooks)
+    policy = Policy.from_config(config, hooks)
+    tls = (tls_context or _tls_context)(config)
+    return Prepared(
+        config=config,
+        policy=policy,
+        secrets=secrets,
+        credentials=credentials,
+        ca=ca,
+        tls=tls,
+        tcp_policy=tcp_policy(config, hooks) if config.tcp else None,
+    )
+
+
 def serve(options: ServeOptions) -> int:
     """Run the broker until SIGTERM; the exit status (see the module docstring)."""
     socks: list[socket.socket] = []
@@ -354,37 +431,10 @@ def serve(options: ServeOptions) -> int:
     try:
         if options.parent_pid is not None:
             _die_with_parent(options.parent_pid)
-        from corral.broker.tcp import expand_host_services, tcp_policy
-
-        config = expand_host_services(options.config)
-        secrets = load_route_secrets(config, options.environ)
-        credentials = load_credentials(config, options.environ)
-        ca = _load_ca(config)
-        hooks = _load_hooks(config.hooks)
-        policy = Policy.from_config(config, hooks)
-        tls = _tls_context(config)
+        prepared = prepare(options.config, options.environ)
         socks = _listeners(options)
-        journal = open_journal(options.journal, config.journal_synchronous, options.environ)
-        state = BrokerState(
-            policy=policy,
-            journal=GroupCommitJournal(journal),
-            identity=options.identity,
-            resolver=Resolver(
-                config.resolver_overrides, config.system_dns, config.limits.resolve_timeout_s
-            ),
-            limits=config.limits,
-            tls=tls,
-            routes=secrets,
-            own_endpoints=_own_endpoints(socks),
-            budgets={
-                name: SessionBudget(route.token_budget)
-                for name, route in config.routes.items()
-                if route.meter_usage or route.token_budget is not None
-            },
-            credentials=credentials,
-            ca=ca,
-            tcp_policy=tcp_policy(config, hooks) if config.tcp else None,
-        )
+        journal = open_journal(options.journal, options.config.journal_synchronous, options.environ)
+        state = prepared.state(GroupCommitJournal(journal), options.identity, socks)
         if options.control is not None:
             control_sock = bind_control_socket(options.control)
         return asyncio.run(_main(options, state, socks, control_sock))

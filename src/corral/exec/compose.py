@@ -262,6 +262,7 @@ def execute(
                 session=spec.session_id,
                 env=spec.env_kind,
                 control=_exec_control(spec.run_id, spec.session_id, spec.env_kind),
+                resident=os.environ.get("CORRAL_BROKER", "resident") != "cold",
             )
             if egress.control is not None:
                 # Runs after egress.stop (LIFO): the broker has removed its socket by then.

@@ -306,6 +306,8 @@ def _sandboxed(
             wall_s=timeout_s,
             mcp=mcp,
             run_cgroup=None,
+            # No run cgroup to place a broker in: a warm, shared one pays.
+            resident_broker=os.environ.get("CORRAL_BROKER", "resident") != "cold",
         )
         t0 = time.monotonic()
         outcome = run_session(plan, journal=journal, hooks=SessionHooks())

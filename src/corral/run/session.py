@@ -109,6 +109,8 @@ class SessionPlan:
     """The key (`RUN_ID[:EPOCH]`) of the run cgroup the MCP servers join (`corral.run.runcg`)."""
     backend: Backend | None = None
     """The agent sandbox's backend (None: the namespace backend)."""
+    resident_broker: bool = False
+    """Egress from the per-user resident broker (`broker/resident.py`), not a fresh process."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +298,7 @@ def _agent(
         session=ident.session,
         env=ident.env,
         control=_control_socket(plan),
+        resident=plan.resident_broker,
     )
     out = Capture(plan.stdout, head=_OUT_HEAD, tail=_OUT_TAIL)
     stack.callback(out.finish)
