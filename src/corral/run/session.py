@@ -48,7 +48,7 @@ from corral.agents.routes import MCP_ROUTE
 from corral.broker.actions import Identity, Observation, ProcessEvent
 from corral.broker.config import BrokerConfig, RouteConfig
 from corral.broker.metering import journal_usage
-from corral.errors import AgentError, CorralError
+from corral.errors import AgentError, CorralError, HelperError
 from corral.run.capture import Capture
 
 if TYPE_CHECKING:
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from corral.broker.journal import Journal
     from corral.broker.mcp_gateway import McpGateway
     from corral.broker.mcp_policy import McpPolicy
+    from corral.run.mcp_helper import McpHelper
     from corral.sandbox.backend import Backend, Sandbox
     from corral.sandbox.spec import ExecResult, Limits, SandboxSpec
     from corral.sandbox.unix_admit import UnixConnectEvent
@@ -199,21 +200,49 @@ def run_session(plan: SessionPlan, *, journal: Journal, hooks: SessionHooks) -> 
         if plan.mcp is not None and plan.mcp.servers:
             try:
                 gateway = _start_gateway(plan, journal, stack)
-            except AgentError as exc:
+            except (AgentError, HelperError) as exc:
                 _event(journal, plan.identity, "refused", f"MCP: {exc}", decision="deny")
                 return SessionOutcome(f"refused: {exc}", None, None, None, refused="mcp")
             broker = with_mcp_route(broker, gateway.url)
             request = dataclasses.replace(request, mcp=mcp_endpoints(tuple(plan.mcp.servers)))
+            if isinstance(gateway, _helper_type()):
+                hooks = _watch_gateway(hooks, gateway, journal, plan.identity)
         launch = plan.agent.launch(request)
         spec = plan.make_spec(launch, broker)
         return _agent(plan, journal, hooks=hooks, spec=spec, broker=broker, stack=stack)
 
 
-def _start_gateway(plan: SessionPlan, journal: Journal, stack: contextlib.ExitStack) -> McpGateway:
+def _helper_type() -> type[McpHelper]:
+    from corral.run.mcp_helper import McpHelper
+
+    return McpHelper
+
+
+def _watch_gateway(
+    hooks: SessionHooks, gateway: McpHelper, journal: Journal, ident: Identity
+) -> SessionHooks:
+    """`hooks` whose `should_stop` also ends the session, journaled, if the gateway helper died."""
+    told: list[bool] = []
+
+    def should_stop() -> bool:
+        gone = gateway.dead()
+        if gone is not None and not told:
+            told.append(True)
+            _event(journal, ident, "helper_died", str(gone)[:500], decision="deny")
+        return gone is not None or hooks.should_stop()
+
+    return dataclasses.replace(hooks, should_stop=should_stop)
+
+
+def _start_gateway(
+    plan: SessionPlan, journal: Journal, stack: contextlib.ExitStack
+) -> McpGateway | McpHelper:
     from corral.broker.mcp_gateway import McpGateway
 
     assert plan.mcp is not None
     plan.mcp_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if plan.run_cgroup is not None:
+        return _start_gateway_helper(plan, stack)
     gateway = McpGateway(
         plan.mcp,
         journal,
@@ -226,6 +255,26 @@ def _start_gateway(plan: SessionPlan, journal: Journal, stack: contextlib.ExitSt
     stack.callback(gateway.close)
     # Bounded apart from the wall time: a server that never answers refuses the session.
     gateway.start(timeout=60.0)
+    return gateway
+
+
+def _start_gateway_helper(plan: SessionPlan, stack: contextlib.ExitStack) -> McpHelper:
+    from corral.run.mcp_helper import McpHelper
+    from corral.run.runcg import RunCgroup
+
+    assert plan.mcp is not None and plan.run_cgroup is not None
+    cg = RunCgroup.detect(plan.run_cgroup)
+    # It parses what the agent posts: in the run cgroup, charged to the run.
+    gateway = McpHelper.start(
+        plan.mcp,
+        plan.identity,
+        scratch=plan.mcp_dir,
+        journal_path=plan.journal_path,
+        run_id=plan.run_cgroup,
+        cgroup_procs=cg.helper_procs("mcp") if cg is not None and cg.exists() else (),
+        log=plan.mcp_dir / "gateway.log",
+    )
+    stack.callback(gateway.close)
     return gateway
 
 
