@@ -197,6 +197,7 @@ def run_session(plan: SessionPlan, *, journal: Journal, hooks: SessionHooks) -> 
     with contextlib.ExitStack() as stack:
         request = plan.request
         broker = plan.broker
+        gone: Callable[[], CorralError | None] = _no_helper
         if plan.mcp is not None and plan.mcp.servers:
             try:
                 gateway = _start_gateway(plan, journal, stack)
@@ -205,33 +206,17 @@ def run_session(plan: SessionPlan, *, journal: Journal, hooks: SessionHooks) -> 
                 return SessionOutcome(f"refused: {exc}", None, None, None, refused="mcp")
             broker = with_mcp_route(broker, gateway.url)
             request = dataclasses.replace(request, mcp=mcp_endpoints(tuple(plan.mcp.servers)))
-            if isinstance(gateway, _helper_type()):
-                hooks = _watch_gateway(hooks, gateway, journal, plan.identity)
+            from corral.run.mcp_helper import McpHelper
+
+            if isinstance(gateway, McpHelper):
+                gone = gateway.dead
         launch = plan.agent.launch(request)
         spec = plan.make_spec(launch, broker)
-        return _agent(plan, journal, hooks=hooks, spec=spec, broker=broker, stack=stack)
+        return _agent(plan, journal, hooks=hooks, spec=spec, broker=broker, stack=stack, gone=gone)
 
 
-def _helper_type() -> type[McpHelper]:
-    from corral.run.mcp_helper import McpHelper
-
-    return McpHelper
-
-
-def _watch_gateway(
-    hooks: SessionHooks, gateway: McpHelper, journal: Journal, ident: Identity
-) -> SessionHooks:
-    """`hooks` whose `should_stop` also ends the session, journaled, if the gateway helper died."""
-    told: list[bool] = []
-
-    def should_stop() -> bool:
-        gone = gateway.dead()
-        if gone is not None and not told:
-            told.append(True)
-            _event(journal, ident, "helper_died", str(gone)[:500], decision="deny")
-        return gone is not None or hooks.should_stop()
-
-    return dataclasses.replace(hooks, should_stop=should_stop)
+def _no_helper() -> CorralError | None:
+    return None
 
 
 def _start_gateway(
@@ -317,7 +302,9 @@ def _agent(
     spec: SandboxSpec,
     broker: BrokerConfig,
     stack: contextlib.ExitStack,
+    gone: Callable[[], CorralError | None],
 ) -> SessionOutcome:
+    """`gone`: why a helper the session needs (the MCP gateway's) died, else None."""
     from corral.broker.attach import EgressBroker
 
     ident = plan.identity
@@ -361,7 +348,7 @@ def _agent(
         hooks.on_broker(broker_pid)
     try:
         reason = _watch(
-            running, egress, wall=plan.wall_s, journal=journal, ident=ident, hooks=hooks
+            running, egress, wall=plan.wall_s, journal=journal, ident=ident, hooks=hooks, gone=gone
         )
     except BaseException:
         # A signal turned into an exception (Ctrl-C, the CLI's SIGTERM handler):
@@ -432,6 +419,7 @@ def _watch(
     journal: Journal,
     ident: Identity,
     hooks: SessionHooks,
+    gone: Callable[[], CorralError | None] = _no_helper,
 ) -> str | None:
     started = time.monotonic()
     last_tick = 0.0
@@ -453,6 +441,10 @@ def _watch(
                 decision="deny",
             )
             return "broker died"
+        if (dead := gone()) is not None:
+            # The agent's MCP servers are gone with it: fail closed, say why.
+            _event(journal, ident, "helper_died", str(dead)[:500], decision="deny")
+            return f"MCP gateway died: {str(dead)[:200]}"
         if time.monotonic() - last_tick > 1.0:
             hooks.tick()
             last_tick = time.monotonic()

@@ -102,6 +102,17 @@ def _forwards(run_dir: Path) -> int:
         conn.close()
 
 
+def _forward_helpers(rid: str) -> list[psutil.Process]:
+    out = []
+    for h in _helpers_of(rid):
+        try:
+            if h.cmdline()[2:4] == ["corral.run.helper_main", "forward"]:
+                out.append(h)
+        except psutil.Error:
+            continue
+    return out
+
+
 def test_a_flooded_forward_is_charged_to_the_run_not_to_the_coordinator(tmp_path: Path) -> None:
     rid, run_dir, proc = _forward_run(tmp_path, 6)
     base_coord = base_fwd = fwd_peak = coord_peak = 0
@@ -138,7 +149,7 @@ def test_sigkill_of_the_coordinator_leaves_no_forward_helper(tmp_path: Path) -> 
     rid, run_dir, proc = _forward_run(tmp_path, 30)
     try:
         wait_for(lambda: _forwards(run_dir) >= CONNS, 90, "the verifier's forwarded connections")
-        helpers = [h for h in _helpers_of(rid) if "forward" in " ".join(h.cmdline())]
+        helpers = _forward_helpers(rid)
         assert helpers, "no forward helper while the check runs"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
@@ -156,7 +167,7 @@ def test_forward_helper_death_fails_the_run_with_a_journaled_reason(tmp_path: Pa
     rid, run_dir, proc = _forward_run(tmp_path, 30)
     try:
         wait_for(lambda: _forwards(run_dir) >= 1, 90, "a forwarded connection")
-        (helper,) = [h for h in _helpers_of(rid) if "forward" in " ".join(h.cmdline())]
+        (helper,) = _forward_helpers(rid)
         helper.send_signal(signal.SIGKILL)
         proc.wait(90)
     finally:
@@ -169,13 +180,13 @@ def test_forward_helper_death_fails_the_run_with_a_journaled_reason(tmp_path: Pa
     assert rows and "forward helper died" in rows[0][1], rows
 
 
-#: The agent posts JSON-RPC bodies just under the gateway's 4 MiB limit, four at once.
+#: The agent posts JSON-RPC bodies of ~1 MiB (under the gateway's 4 MiB limit), two at once.
 MCP_BOMB = """import os, threading, time, urllib.error, urllib.request
 open("armed", "w").write("1")
 time.sleep(2)
 url = "http://127.0.0.1:3128/routes/mcp/demo/mcp"
 body = (b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo",'
-        b'"arguments":{"text":"x","pad":[' + b"[]," * (1300 << 10) + b'[]]}}}')
+        b'"arguments":{"text":"x","pad":[' + b"[]," * (350 << 10) + b'[]]}}}')
 out = []
 def post():
     req = urllib.request.Request(url, data=body, headers={
@@ -186,7 +197,7 @@ def post():
         out.append(str(exc.code))
     except OSError as exc:
         out.append("error:" + type(exc).__name__)
-ts = [threading.Thread(target=post) for _ in range(4)]
+ts = [threading.Thread(target=post) for _ in range(2)]
 [t.start() for t in ts]
 [t.join() for t in ts]
 open("bomb-status", "w").write(" ".join(sorted(out)))
@@ -238,3 +249,72 @@ def test_hostile_mcp_bodies_are_charged_to_the_run_not_to_the_coordinator(
     assert base_mcp > 0, "the MCP gateway helper was never in its run cgroup"
     assert grew >= 16 * MiB, f"mcp helper peak grew {grew / MiB:.1f} MiB"
     assert coord_grew < 4 * MiB, f"coordinator VmHWM grew {coord_grew / MiB:.1f} MiB"
+
+
+def _mcp_helpers(rid: str) -> list[psutil.Process]:
+    out = []
+    for h in _helpers_of(rid):
+        try:
+            if h.cmdline()[2:4] == ["corral.run.helper_main", "mcp"]:
+                out.append(h)
+        except psutil.Error:
+            continue
+    return out
+
+
+def _mcp_run(tmp_path: Path) -> tuple[str, Path, subprocess.Popen[bytes]]:
+    mission, _demo = _mission(tmp_path / "m")
+    rid = new_id()
+    runs = tmp_path / "runs"
+    proc = start_corral(
+        "run", str(mission), "--plain", "--id", rid, "--runs-dir", str(runs), cwd=tmp_path
+    )
+    marker = runs / ".mcp" / rid / "session-1" / "demo" / "marker"
+    try:
+        wait_for(marker.exists, 60, "the agent's first MCP call")
+    except BaseException:
+        _finish(proc, 1)
+        raise
+    return rid, runs / rid, proc
+
+
+def test_sigkill_of_the_coordinator_leaves_no_mcp_gateway_helper(tmp_path: Path) -> None:
+    rid, _run_dir, proc = _mcp_run(tmp_path)
+    try:
+        helpers = _mcp_helpers(rid)
+        assert len(helpers) == 1, "the MCP gateway is not in its helper"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        wait_for(
+            lambda: not any(h.is_running() and h.status() != psutil.STATUS_ZOMBIE for h in helpers),
+            5,
+            "the MCP gateway helper to die with the coordinator",
+        )
+    finally:
+        _finish(proc, 1)
+        run_cgroup(rid).sweep()
+
+
+def test_mcp_gateway_helper_death_ends_the_session_journaled(tmp_path: Path) -> None:
+    rid, run_dir, proc = _mcp_run(tmp_path)
+    try:
+        (helper,) = _mcp_helpers(rid)
+        killed = time.monotonic()
+        helper.send_signal(signal.SIGKILL)
+        wait_for(
+            lambda: bool(journal_events(run_dir / "journal.sqlite", "helper_died")),
+            15,
+            "the gateway's death to be journaled",
+        )
+        wait_for(
+            lambda: bool(journal_events(run_dir / "journal.sqlite", "session_end")),
+            15,
+            "the session to end",
+        )
+        # Long before the session's 60 s wall time: the agent still waits for `release`.
+        assert time.monotonic() - killed < 30
+        proc.wait(60)
+    finally:
+        _finish(proc, 1)
+    rows = journal_events(run_dir / "journal.sqlite", "helper_died")
+    assert "mcp helper died (signal 9)" in rows[0][1], rows
