@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 __all__ = ["HelperForwarder"]
 
 _MSG_MAX = 128
+#: Connections waiting for the journal and connect(); past it, refused.
+_PENDING_MAX = 256
 _CONNECT = re.compile(rb"^connect ([0-9]{1,9}) ([0-9]{1,9})$")
 
 
@@ -66,6 +68,7 @@ class HelperForwarder:
         self._lock = threading.Lock()
         self._exposed: dict[int, tuple[SandboxNet, int]] = {}
         self._next = 0
+        self._pending = 0
         self._closed = False
         # connect() on a loopback completes or is refused at once; a slow
         # backend channel still must not hold up every other connection.
@@ -121,13 +124,26 @@ class HelperForwarder:
             with self._lock:
                 exposed = self._exposed.get(int(m[2]))
             req = int(m[1])
-            if exposed is None:
+            with self._lock:
+                busy = self._pending >= _PENDING_MAX
+                if exposed is not None and not busy:
+                    self._pending += 1
+            if exposed is None or busy:
                 self._answer(req, None)
                 continue
-            with contextlib.suppress(RuntimeError):
+            try:
                 self._pool.submit(self._connect, req, *exposed)
+            except RuntimeError:
+                return
 
     def _connect(self, req: int, product: SandboxNet, port: int) -> None:
+        try:
+            self._connect_one(req, product, port)
+        finally:
+            with self._lock:
+                self._pending -= 1
+
+    def _connect_one(self, req: int, product: SandboxNet, port: int) -> None:
         try:
             # Journaled (durable) before the product is even connected.
             self._on_connect(f"product:127.0.0.1:{port}")
