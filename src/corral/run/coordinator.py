@@ -66,7 +66,7 @@ from corral.run.environments import (
     provider_choice,
 )
 from corral.run.envnet import missing_secrets
-from corral.run.forward import PortForwarder, probe_ready
+from corral.run.forward import probe_ready
 from corral.run.mission import Mission, ProviderRef, parse_mission, parse_provider
 from corral.run.pause import active_clock, wait_unpaused
 from corral.run.product_io import ensure_data_dir, probe_all, strip_data_setid
@@ -88,6 +88,7 @@ if TYPE_CHECKING:
     from corral.broker.attach import EgressBroker
     from corral.broker.journal import Journal
     from corral.broker.kernel_denials import KernelDenialWatch
+    from corral.run.forward_helper import HelperForwarder
     from corral.run.helpers import ProviderHelper
     from corral.run.store_api import RunStateStore
     from corral.run.watchdog import Watchdog
@@ -261,7 +262,7 @@ class Coordinator:
         self._journal: Journal | None = None
         self._provider: ProviderHelper | None = None
         self._provider_url: str | None = None
-        self._forwarder: PortForwarder | None = None
+        self._forwarder: HelperForwarder | None = None
         self._product_egress: EgressBroker | None = None
         self._kdenials: KernelDenialWatch | None = None
         self._cg: RunCgroup | None = None
@@ -281,7 +282,10 @@ class Coordinator:
         return self._stop_signal is not None or self._helper_gone() is not None
 
     def _helper_gone(self) -> HelperError | None:
-        return self._provider.dead() if self._provider is not None else None
+        gone = self._provider.dead() if self._provider is not None else None
+        if gone is None and self._forwarder is not None:
+            gone = self._forwarder.dead()
+        return gone
 
     def _served(self) -> int:
         """Tokens the synthetic provider served so far (0 without one)."""
@@ -430,7 +434,8 @@ class Coordinator:
             # Each session's broker inherits corral's environment, where the
             # route's `env:NAME` credential is read (as in `corral agent run`).
             os.environ.update(route_secret_env(provider_choice(self.provider_ref), os.environ))
-        self._forwarder = PortForwarder(self._on_forward)
+        if self.mission.settings.product is not None:
+            self._forwarder = self._start_forwarder()
         budget = self.mission.settings.token_budget
         while True:
             self._check_helpers()
@@ -465,6 +470,22 @@ class Coordinator:
                 return self._finish(store, "stopped", "stopped by the user")
             if passed:
                 return self._finish(store, "passed", f"every check passed in session {n}")
+
+    def _start_forwarder(self) -> HelperForwarder:
+        from corral.run.forward_helper import HelperForwarder
+
+        assert self._cg is not None
+        # In its own process in the run cgroup: what the product sends a
+        # verifier is buffered there, charged to the run, not to corral.
+        try:
+            return HelperForwarder(
+                self._on_forward,
+                self._cg.helper_procs("forward"),
+                self.layout.root / "helpers" / "forward.log",
+            )
+        except HelperError as exc:
+            self._journal_event("helper_failed", str(exc)[:500], decision="deny")
+            raise
 
     def _recover(self, store: RunStateStore, memory_cap: int) -> None:
         assert self._cg is not None
@@ -909,7 +930,7 @@ class Coordinator:
         return running, ns, ready, why
 
     def _run_check(self, n: int, i: int, product_ns: SandboxNet | None) -> CheckResult:
-        assert self._cg is not None and self._forwarder is not None
+        assert self._cg is not None
         check = self.mission.settings.checks[i]
         cdir = self.layout.check_dir(n, i)
         cdir.mkdir(parents=True, exist_ok=True)
@@ -943,6 +964,7 @@ class Coordinator:
             if egress is not None:
                 egress.attach(net)
             if product is not None and product_ns is not None:
+                assert fwd is not None
                 for port in product.all_ports:
                     stops.append(fwd.expose(net.listen(port), product_ns, port))
 

@@ -2,6 +2,8 @@
 
     python -m corral.run.helper_main provider PARENT_PID SCENARIO TRANSCRIPT
     python -m corral.run.helper_main report PARENT_PID RUN_DIR
+    python -m corral.run.helper_main forward PARENT_PID CONTROL_FD
+    python -m corral.run.helper_main mcp PARENT_PID CONFIG_JSON
 
 It has already joined `helpers-<name>` (the shell prelude did, before this
 interpreter started). First it asks the kernel for SIGKILL when its parent
@@ -11,6 +13,8 @@ killed with -9 leaves no helper. Exit 125 when either fails.
 
 `provider` prints `ready URL`, then answers each `tokens` line on stdin with
 `tokens N` and stops at end of input. `report` writes the report and exits.
+`forward` relays the product port (run/forward_relay.py); `mcp` serves the
+MCP gateway (run/mcp_helper.py); both print `ready ...` and stop at end of input.
 """
 
 from __future__ import annotations
@@ -75,6 +79,14 @@ def main(argv: list[str]) -> int:
             return _provider(scenario, transcript)
         case "report", [run_dir]:
             return _report(run_dir)
+        case "forward", [fd] if fd.isdigit():
+            from corral.run.forward_relay import serve
+
+            return serve(int(fd))
+        case "mcp", [config]:
+            from corral.run.mcp_helper import serve_gateway
+
+            return serve_gateway(config)
         case _:
             sys.stderr.write(f"corral helper: unknown helper {name!r} or arguments\n")
             return 2

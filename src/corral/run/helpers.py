@@ -73,10 +73,16 @@ class Helper:
 
     @classmethod
     def spawn(
-        cls, name: str, args: Sequence[str], cgroup_procs: Sequence[str], log: Path
+        cls,
+        name: str,
+        args: Sequence[str],
+        cgroup_procs: Sequence[str],
+        log: Path,
+        pass_fds: Sequence[int] = (),
     ) -> Helper:
         """Start helper `name` inside the cgroup whose `cgroup.procs` files are given.
 
+        `pass_fds`: descriptors the helper inherits (a control socket).
         Raises HelperError when there is no cgroup to join (the helper would
         run uncharged: refused) or the process cannot start.
         """
@@ -108,6 +114,7 @@ class Helper:
                     stdout=subprocess.PIPE,
                     stderr=err,
                     close_fds=True,
+                    pass_fds=tuple(pass_fds),
                 )
         except OSError as exc:
             raise HelperError(f"the {name} helper could not start: {exc}") from exc

@@ -3,7 +3,8 @@
 Each sandbox's cgroup is created below it by the namespace backend
 (`cgroup_parent="corral/run-<id>"`); the run's brokers are moved into its
 `helpers` child, and corral's own per-run helper processes (the synthetic
-provider, report rendering) each into a `helpers-<name>` child, so the
+provider, report rendering, the product-port forwarder, the MCP gateway)
+each into a `helpers-<name>` child, so the
 kernel counts each apart. On cgroup v1 a parent's memory limit (and memsw) covers its
 children (hierarchical accounting is always on in current kernels), so the
 kernel's peak counter of the run cgroup (`memory.max_usage_in_bytes`, or
@@ -43,7 +44,7 @@ from corral.sandbox.spec import Limits
 __all__ = ["HELPER_GROUPS", "RunCgroup", "parse_cgroup_key", "run_cgroup_path"]
 
 #: corral's own per-run helper processes, each in `helpers-<name>` (run/helpers.py).
-HELPER_GROUPS = ("provider", "report")
+HELPER_GROUPS = ("provider", "report", "forward", "mcp")
 
 
 _EPOCH = re.compile(r"lease-([1-9][0-9]{0,17})")

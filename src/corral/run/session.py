@@ -48,7 +48,7 @@ from corral.agents.routes import MCP_ROUTE
 from corral.broker.actions import Identity, Observation, ProcessEvent
 from corral.broker.config import BrokerConfig, RouteConfig
 from corral.broker.metering import journal_usage
-from corral.errors import AgentError, CorralError
+from corral.errors import AgentError, CorralError, HelperError
 from corral.run.capture import Capture
 
 if TYPE_CHECKING:
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from corral.broker.journal import Journal
     from corral.broker.mcp_gateway import McpGateway
     from corral.broker.mcp_policy import McpPolicy
+    from corral.run.mcp_helper import McpHelper
     from corral.sandbox.backend import Backend, Sandbox
     from corral.sandbox.spec import ExecResult, Limits, SandboxSpec
     from corral.sandbox.unix_admit import UnixConnectEvent
@@ -198,24 +199,37 @@ def run_session(plan: SessionPlan, *, journal: Journal, hooks: SessionHooks) -> 
     with contextlib.ExitStack() as stack:
         request = plan.request
         broker = plan.broker
+        gone: Callable[[], CorralError | None] = _no_helper
         if plan.mcp is not None and plan.mcp.servers:
             try:
                 gateway = _start_gateway(plan, journal, stack)
-            except AgentError as exc:
+            except (AgentError, HelperError) as exc:
                 _event(journal, plan.identity, "refused", f"MCP: {exc}", decision="deny")
                 return SessionOutcome(f"refused: {exc}", None, None, None, refused="mcp")
             broker = with_mcp_route(broker, gateway.url)
             request = dataclasses.replace(request, mcp=mcp_endpoints(tuple(plan.mcp.servers)))
+            from corral.run.mcp_helper import McpHelper
+
+            if isinstance(gateway, McpHelper):
+                gone = gateway.dead
         launch = plan.agent.launch(request)
         spec = plan.make_spec(launch, broker)
-        return _agent(plan, journal, hooks=hooks, spec=spec, broker=broker, stack=stack)
+        return _agent(plan, journal, hooks=hooks, spec=spec, broker=broker, stack=stack, gone=gone)
 
 
-def _start_gateway(plan: SessionPlan, journal: Journal, stack: contextlib.ExitStack) -> McpGateway:
+def _no_helper() -> CorralError | None:
+    return None
+
+
+def _start_gateway(
+    plan: SessionPlan, journal: Journal, stack: contextlib.ExitStack
+) -> McpGateway | McpHelper:
     from corral.broker.mcp_gateway import McpGateway
 
     assert plan.mcp is not None
     plan.mcp_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if plan.run_cgroup is not None:
+        return _start_gateway_helper(plan, stack)
     gateway = McpGateway(
         plan.mcp,
         journal,
@@ -228,6 +242,26 @@ def _start_gateway(plan: SessionPlan, journal: Journal, stack: contextlib.ExitSt
     stack.callback(gateway.close)
     # Bounded apart from the wall time: a server that never answers refuses the session.
     gateway.start(timeout=60.0)
+    return gateway
+
+
+def _start_gateway_helper(plan: SessionPlan, stack: contextlib.ExitStack) -> McpHelper:
+    from corral.run.mcp_helper import McpHelper
+    from corral.run.runcg import RunCgroup
+
+    assert plan.mcp is not None and plan.run_cgroup is not None
+    cg = RunCgroup.detect(plan.run_cgroup)
+    # It parses what the agent posts: in the run cgroup, charged to the run.
+    gateway = McpHelper.start(
+        plan.mcp,
+        plan.identity,
+        scratch=plan.mcp_dir,
+        journal_path=plan.journal_path,
+        run_id=plan.run_cgroup,
+        cgroup_procs=cg.helper_procs("mcp") if cg is not None and cg.exists() else (),
+        log=plan.mcp_dir / "gateway.log",
+    )
+    stack.callback(gateway.close)
     return gateway
 
 
@@ -281,7 +315,9 @@ def _agent(
     spec: SandboxSpec,
     broker: BrokerConfig,
     stack: contextlib.ExitStack,
+    gone: Callable[[], CorralError | None],
 ) -> SessionOutcome:
+    """`gone`: why a helper the session needs (the MCP gateway's) died, else None."""
     from corral.broker.attach import EgressBroker
 
     ident = plan.identity
@@ -332,7 +368,7 @@ def _agent(
         hooks.on_broker(broker_pid)
     try:
         reason = _watch(
-            running, egress, wall=plan.wall_s, journal=journal, ident=ident, hooks=hooks
+            running, egress, wall=plan.wall_s, journal=journal, ident=ident, hooks=hooks, gone=gone
         )
     except BaseException:
         # A signal turned into an exception (Ctrl-C, the CLI's SIGTERM handler):
@@ -403,6 +439,7 @@ def _watch(
     journal: Journal,
     ident: Identity,
     hooks: SessionHooks,
+    gone: Callable[[], CorralError | None] = _no_helper,
 ) -> str | None:
     started = time.monotonic()
     last_tick = 0.0
@@ -424,6 +461,10 @@ def _watch(
                 decision="deny",
             )
             return "broker died"
+        if (dead := gone()) is not None:
+            # The agent's MCP servers are gone with it: fail closed, say why.
+            _event(journal, ident, "helper_died", str(dead)[:500], decision="deny")
+            return f"MCP gateway died: {str(dead)[:200]}"
         if time.monotonic() - last_tick > 1.0:
             hooks.tick()
             last_tick = time.monotonic()
