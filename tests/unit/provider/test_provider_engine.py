@@ -454,6 +454,23 @@ def test_write_intent_per_client() -> None:
     assert oc.arguments == {"filePath": "/opt/oc/src/a.txt", "content": "one\ntwo\n"}
 
 
+def test_required_prose_fields_are_filled_only_when_required() -> None:
+    # A client that validates its schema refuses a call missing a required
+    # `description` / `instruction`; an optional one is left out.
+    tools = [
+        {
+            "type": "function",
+            "name": "write_file",
+            "parameters": _schema(
+                "path", "content", "description", "instruction", required=("path", "instruction")
+            ),
+        }
+    ]
+    args = dict(only_call(run(WRITE, "responses", codex([], tools))).arguments or {})
+    assert args.keys() == {"path", "content", "instruction"}
+    assert "src/a.txt" in args["instruction"]
+
+
 def test_write_falls_back_to_the_shell() -> None:
     tools = [{"type": "function", "name": "exec_command", "parameters": _schema("cmd")}]
     call = only_call(run(WRITE, "responses", codex([], tools)))
