@@ -65,11 +65,17 @@ def _prop_type(tool: OfferedTool, key: str) -> object:
     return prop.get("type") if isinstance(prop, Mapping) else None
 
 
-def _fill_required(tool: OfferedTool, args: dict[str, Any]) -> dict[str, Any]:
-    # opencode's bash (and others) make a human description mandatory.
+#: Required free-text properties a client validates but only a person reads.
+_PROSE_KEYS = ("description", "instruction")
+
+
+def _fill_required(tool: OfferedTool, args: dict[str, Any], prose: str) -> dict[str, Any]:
+    # opencode's bash makes a description mandatory and Gemini CLI's replace an
+    # `instruction`; the client rejects the call without them ("params must have
+    # required property 'instruction'") before it touches the file.
     for req in tool.required:
-        if req not in args and req == "description" and _prop_type(tool, req) in ("string", None):
-            args[req] = _SHELL_DESCRIPTION
+        if req not in args and req in _PROSE_KEYS and _prop_type(tool, req) in ("string", None):
+            args[req] = prose
     return args
 
 
@@ -103,7 +109,7 @@ def _shell_builder(cmd: str) -> _Builder:
         typ = _prop_type(tool, key)
         as_list = typ == "array" or (typ is None and tool.name == "shell")
         value: object = ["bash", "-lc", cmd] if as_list else cmd
-        return Resolved(tool, _fill_required(tool, {key: value}))
+        return Resolved(tool, _fill_required(tool, {key: value}, _SHELL_DESCRIPTION))
 
     return build
 
@@ -141,7 +147,8 @@ def _write_candidates(
             return None
         pkey = _pick(tool, _PATH_KEYS, "file_path")
         ckey = _pick(tool, ("content", "contents", "text", "file_text", "data"), "content")
-        return Resolved(tool, {pkey: _abs_path(path, request), ckey: content})
+        args = {pkey: _abs_path(path, request), ckey: content}
+        return Resolved(tool, _fill_required(tool, args, f"Write {path} (corral scenario)"))
 
     def patch(tool: OfferedTool) -> Resolved | None:
         return _with_input(tool, _add_patch(path, content))
@@ -162,7 +169,9 @@ def _edit_candidates(
         pkey = _pick(tool, _PATH_KEYS, "file_path")
         okey = _pick(tool, ("old_string", "oldString", "old_str", "old"), "old_string")
         nkey = _pick(tool, ("new_string", "newString", "new_str", "new"), "new_string")
-        return Resolved(tool, {pkey: _abs_path(path, request), okey: old, nkey: new})
+        args = {pkey: _abs_path(path, request), okey: old, nkey: new}
+        prose = f"In {path}, replace the scripted old text with the new text (corral scenario)"
+        return Resolved(tool, _fill_required(tool, args, prose))
 
     def patch(tool: OfferedTool) -> Resolved | None:
         return _with_input(tool, _update_patch(path, old, new))

@@ -63,7 +63,7 @@ def _only_brokered_traffic(run: AgentRun) -> None:
     assert routes <= {"synthetic", "mcp"}
 
 
-@pytest.mark.parametrize("agent", AGENTS)
+@pytest.mark.parametrize("agent", [*AGENTS, "gemini"])
 def test_shell_edit_and_mcp_inside_corral(
     agent: str, workspace: Path, state: Path, mcp_workspace: Path, demo_policy: McpPolicy
 ) -> None:
@@ -81,6 +81,19 @@ def test_shell_edit_and_mcp_inside_corral(
     assert mcp_calls == [("demo/write_marker", "allow")]
     assert run.result.usage.total > 0
     assert run.sandbox is not None and run.sandbox["reason"] == "exited"
+    _only_brokered_traffic(run)
+
+
+@pytest.mark.parametrize("agent", [*AGENTS, "gemini"])
+def test_edit_intent_changes_the_file_with_the_clients_edit_tool(
+    agent: str, workspace: Path, state: Path
+) -> None:
+    run = _run(agent, SCENARIOS / "edit-file.yaml", workspace, state)
+    assert run.result.status == "succeeded", (run.result, (state / "agent.stderr").read_text())
+    # The host-side effect: the edit reached the file (Gemini's replace refuses
+    # a call without its required `instruction` and leaves the file as it was).
+    assert (workspace / "conf.py").read_text(encoding="utf-8") == "LEVEL = 2\nNAME = 'x'\n"
+    assert [t.ok for t in run.result.tool_calls] == [True, True], run.result.tool_calls
     _only_brokered_traffic(run)
 
 

@@ -157,6 +157,7 @@ def codex_round(call: PlannedCall, output: str) -> list[Body]:
     return [item, {"type": "function_call_output", "call_id": call.call_id, "output": output}]
 
 
+GEMINI_EDIT_REQ = ("file_path", "instruction", "old_string", "new_string")
 GEMINI_TOOLS = [
     {
         "functionDeclarations": [
@@ -167,7 +168,10 @@ GEMINI_TOOLS = [
             {"name": "write_file", "parametersJsonSchema": _schema("file_path", "content")},
             {
                 "name": "replace",
-                "parametersJsonSchema": _schema("file_path", "old_string", "new_string"),
+                # Gemini CLI 0.61 requires an `instruction` (invalid_tool_params without).
+                "parametersJsonSchema": _schema(
+                    "file_path", "instruction", "old_string", "new_string", required=GEMINI_EDIT_REQ
+                ),
             },
             {"name": "read_file", "parametersJsonSchema": _schema("absolute_path")},
             {"name": "mcp_demo_echo", "parametersJsonSchema": _schema("text")},
@@ -450,6 +454,23 @@ def test_write_intent_per_client() -> None:
     assert oc.arguments == {"filePath": "/opt/oc/src/a.txt", "content": "one\ntwo\n"}
 
 
+def test_required_prose_fields_are_filled_only_when_required() -> None:
+    # A client that validates its schema refuses a call missing a required
+    # `description` / `instruction`; an optional one is left out.
+    tools = [
+        {
+            "type": "function",
+            "name": "write_file",
+            "parameters": _schema(
+                "path", "content", "description", "instruction", required=("path", "instruction")
+            ),
+        }
+    ]
+    args = dict(only_call(run(WRITE, "responses", codex([], tools))).arguments or {})
+    assert args.keys() == {"path", "content", "instruction"}
+    assert "src/a.txt" in args["instruction"]
+
+
 def test_write_falls_back_to_the_shell() -> None:
     tools = [{"type": "function", "name": "exec_command", "parameters": _schema("cmd")}]
     call = only_call(run(WRITE, "responses", codex([], tools)))
@@ -485,6 +506,10 @@ def test_edit_and_read_intents() -> None:
     }
     g = reply_of(run(s, "gemini", gemini([]))).calls
     assert g[0].name == "replace" and g[1].arguments == {"absolute_path": "/etc/hostname"}
+    g_args = dict(g[0].arguments or {})
+    assert set(GEMINI_EDIT_REQ) <= set(g_args)
+    assert g_args["file_path"] == "/home/u/app/a.py" and g_args["new_string"] == "x = 2"
+    assert isinstance(g_args["instruction"], str) and "a.py" in g_args["instruction"]
 
 
 def test_relative_path_stays_relative_without_a_known_cwd() -> None:
