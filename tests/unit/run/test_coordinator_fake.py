@@ -14,7 +14,6 @@ from corral.broker.journal import Journal, read_rows
 from corral.errors import LayerUnavailableError
 from corral.run.coordinator import Coordinator, create_run
 from corral.run.environments import RunLayout
-from corral.run.forward import PortForwarder
 from corral.run.mission import load_mission
 from corral.run.progress import PlainProgress
 from tests.fakes.fake_backend import FakeBackend
@@ -50,7 +49,7 @@ def test_checks_run_on_the_backend_given_and_journal_its_outcomes(tmp_path: Path
         backends={"agent": fake, "product": fake, "verifier": fake},
     )
     coord._cg = SimpleNamespace(relpath="corral/run-tfake")  # type: ignore[assignment]
-    coord._forwarder = PortForwarder(lambda _target: None)
+    # No product: no forwarder helper is needed for these checks.
     coord._journal = Journal(coord.layout.journal)
     fake.script(
         FakeBackend.result(0),
@@ -61,7 +60,6 @@ def test_checks_run_on_the_backend_given_and_journal_its_outcomes(tmp_path: Path
     try:
         got = [coord._run_check(1, 0, None) for _ in range(4)]
     finally:
-        coord._forwarder.close()
         coord._journal.close()
     assert [(r.passed, r.reason) for r in got] == [
         (True, "passed"),
