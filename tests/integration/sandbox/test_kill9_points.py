@@ -17,7 +17,9 @@ teardown shows as a live process. The host then checks:
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -29,6 +31,11 @@ pytestmark = [pytest.mark.requires_sandbox, pytest.mark.requires_strace]
 
 #: Where, as a fraction of the system calls after the first cgroup access, corral is killed.
 _POINTS = (0.0, 0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 0.97)
+
+
+#: A call made at most this often in a run is counted the same in every run.
+_RARE = 12
+_SYSCALL = re.compile(r"^([a-z_0-9]+)\(")
 
 
 def _command(marker: str) -> list[str]:
@@ -88,37 +95,61 @@ def _strace(workspace: Path, marker: str, *extra: str) -> subprocess.CompletedPr
 
 
 @pytest.fixture(scope="module")
-def syscall_span(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, int]:
-    """(first cgroup syscall, total) of one complete traced run: the range to kill in."""
+def syscall_log(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], int]:
+    """Corral's system calls (names, in order) in one traced run, and where its
+    first cgroup access is: the span after the imports, where kills matter."""
     ws = tmp_path_factory.mktemp("span") / "ws"
     ws.mkdir(mode=0o700)
     log = ws.parent / "trace.txt"
     proc = _strace(ws, "corral-span", "-o", str(log))
     assert proc.returncode == 0, proc.stderr.decode()[-500:]
-    lines = log.read_text().splitlines()
-    first = next(i for i, line in enumerate(lines) if "/sys/fs/cgroup" in line)
-    return first + 1, len(lines)
+    calls = [line for line in log.read_text().splitlines() if _SYSCALL.match(line)]
+    first = next(i for i, line in enumerate(calls) if "/sys/fs/cgroup" in line)
+    return [_name(line) for line in calls], first
+
+
+def _name(line: str) -> str:
+    m = _SYSCALL.match(line)
+    assert m is not None
+    return m.group(1)
+
+
+def _kill_point(log: tuple[list[str], int], point: float) -> tuple[str, int]:
+    """(syscall, how many of it corral has made including this one) at `point` of the span.
+
+    strace's `when=N` counts each system call separately, so a point is
+    named by one call and its ordinal. Frequent calls (openat, lseek: the
+    imports') vary by a few from run to run, so the point moves on to the
+    next call corral makes rarely (mkdir, clone, pidfd_open, kill, rmdir...),
+    whose ordinal names the same step in every run.
+    """
+    names, first = log
+    i = min(len(names) - 1, first + int((len(names) - first) * point))
+    while names.count(names[i]) > _RARE and i + 1 < len(names):
+        i += 1
+    return names[i], names[: i + 1].count(names[i])
 
 
 @pytest.mark.parametrize("point", _POINTS)
 def test_kill9_at_syscall_leaves_nothing(
-    point: float, syscall_span: tuple[int, int], workspace: Path, marker: str
+    point: float, syscall_log: tuple[list[str], int], workspace: Path, marker: str
 ) -> None:
-    first, total = syscall_span
-    n = first + int((total - first) * point)
+    name, nth = _kill_point(syscall_log, point)
     strace = shutil.which("strace")
     assert strace is not None
     argv = corral_argv("--workspace", str(workspace), "--", *_command(marker))
     # Without -f only corral's main thread is traced and counted.
+    inject = f"inject={name}:signal=KILL:when={nth}"
     with subprocess.Popen(
-        [strace, "-qq", "-o", "/dev/null", "-e", f"inject=all:signal=KILL:when={n}", "--", *argv],
+        [strace, "-qq", "-o", "/dev/null", "-e", f"trace={name}", "-e", inject, "--", *argv],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     ) as proc:
         corral_pid = _child_of(proc.pid)
-        proc.wait(60)
-    if corral_pid is None:
-        pytest.fail("could not see corral's pid under strace")
+        rc = proc.wait(60)
+    # strace re-raises the tracee's fatal signal on itself.
+    assert rc == -signal.SIGKILL, f"corral was not killed at {name} #{nth} (rc {rc})"
+    assert corral_pid is not None, "could not see corral's pid under strace"
     assert wait_for(lambda: processes_with(marker) == [], timeout=15), processes_with(marker)
     assert _mounts_naming(str(workspace)) == []
     left = _cgroups_of(corral_pid)
