@@ -61,9 +61,7 @@ def _cgroup_roots() -> list[str]:
 def _cgroups_of(pid: int) -> list[str]:
     out = []
     for root in _cgroup_roots():
-        out += [
-            os.path.join(root, n) for n in os.listdir(root) if n.split("-")[1:2] == [str(pid)]
-        ]
+        out += [os.path.join(root, n) for n in os.listdir(root) if n.split("-")[1:2] == [str(pid)]]
     return out
 
 
