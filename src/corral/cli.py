@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     import typer
 
-__all__ = ["build_app", "main"]
+__all__ = ["build_app", "entry", "main"]
 
 # Each module exposes `register(app: typer.Typer) -> None`.
 _AREAS: tuple[str, ...] = (
@@ -102,5 +102,19 @@ def main() -> None:
     if argv[:1] == ["exec"]:
         from corral.exec.cli import run_exec
 
-        _exit_now(run_exec(argv[1:]))
+        sys.exit(run_exec(argv[1:]))
     build_app()(prog_name="corral")
+
+
+def entry() -> None:
+    """The `corral` program (console script, `python -m corral`): `main`, then a fast exit.
+
+    `main` itself ends with SystemExit, so a caller in the same process can
+    catch it; only the program's own entry may leave without the shutdown.
+    """
+    try:
+        main()
+    except SystemExit as exc:
+        if sys.argv[1:2] != ["exec"] or not isinstance(exc.code, int):
+            raise
+        _exit_now(exc.code)
