@@ -29,12 +29,22 @@ from .conftest import corral_argv, processes_with, wait_for
 
 pytestmark = [pytest.mark.requires_sandbox, pytest.mark.requires_strace]
 
-#: Where, as a fraction of the system calls after the first cgroup access, corral is killed.
-_POINTS = (0.0, 0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 0.97)
+#: Where, as a fraction of the system calls after the first cgroup access, corral is
+#: killed; each moves on to the next milestone call. On this tree's code they land on:
+#: the cgroup's mkdir, the uid lease, the workspace placeholders, the fork of bwrap,
+#: the supervisor threads (the sandbox running), the pidfd it waits on, the cgroup's
+#: rmdir and the placeholders' removal (teardown).
+_POINTS = (0.18, 0.26, 0.40, 0.50, 0.55, 0.575, 0.85, 0.90)
 
 
-#: A call made at most this often in a run is counted the same in every run.
-_RARE = 12
+#: Calls corral makes a fixed number of times per run, marking its steps (cgroup and
+#: placeholder directories, pipes, the userns helper's and bwrap's fork, the pidfd
+#: it waits on, unlinks and removals at teardown). Calls whose count depends on
+#: timing or on the sandbox (futex, kill, wait4, read, select) cannot name a point.
+_MILESTONES = frozenset(
+    {"mkdir", "mkdirat", "rmdir", "clone", "clone3", "pidfd_open", "pipe2", "unlink", "unlinkat",
+     "memfd_create", "open_tree", "mount_setattr", "socketpair", "rename", "renameat2"}
+)  # fmt: skip
 _SYSCALL = re.compile(r"^([a-z_0-9]+)\(")
 
 
@@ -73,6 +83,20 @@ def _procs_in(cgroups: list[str]) -> int:
         except OSError:
             continue  # removed meanwhile
     return n
+
+
+def _describe(pids: list[int]) -> list[str]:
+    out = []
+    for pid in pids:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:200]
+            cg = Path(f"/proc/{pid}/cgroup").read_text().replace("\n", " ")[:300]
+        except OSError:
+            continue
+        keep = [line for line in status if line.split(":")[0] in ("Name", "State", "PPid", "NSpid")]
+        out.append(f"{pid}: {' '.join(keep)} cmd={cmd!r} cgroup={cg}")
+    return out
 
 
 def _mounts_naming(path: str) -> list[str]:
@@ -116,15 +140,15 @@ def _kill_point(log: tuple[list[str], int], point: float) -> tuple[str, int]:
     """(syscall, how many of it corral has made including this one) at `point` of the span.
 
     strace's `when=N` counts each system call separately, so a point is
-    named by one call and its ordinal. Frequent calls (openat, lseek: the
-    imports') vary by a few from run to run, so the point moves on to the
-    next call corral makes rarely (mkdir, clone, pidfd_open, kill, rmdir...),
-    whose ordinal names the same step in every run.
+    named by one call and its ordinal. Most calls' counts vary from run to
+    run, so the point moves on to the next milestone call (the last one when
+    none follows), whose ordinal names the same step in every run.
     """
     names, first = log
-    i = min(len(names) - 1, first + int((len(names) - first) * point))
-    while names.count(names[i]) > _RARE and i + 1 < len(names):
-        i += 1
+    start = min(len(names) - 1, first + int((len(names) - first) * point))
+    after = [j for j in range(start, len(names)) if names[j] in _MILESTONES]
+    before = [j for j in range(start, first - 1, -1) if names[j] in _MILESTONES]
+    i = (after or before)[0]
     return names[i], names[: i + 1].count(names[i])
 
 
@@ -148,7 +172,9 @@ def test_kill9_at_syscall_leaves_nothing(
     # strace re-raises the tracee's fatal signal on itself.
     assert rc == -signal.SIGKILL, f"corral was not killed at {name} #{nth} (rc {rc})"
     assert corral_pid is not None, "could not see corral's pid under strace"
-    assert wait_for(lambda: processes_with(marker) == [], timeout=15), processes_with(marker)
+    assert wait_for(lambda: processes_with(marker) == [], timeout=15), _describe(
+        processes_with(marker)
+    )
     assert _mounts_naming(str(workspace)) == []
     left = _cgroups_of(corral_pid)
     assert wait_for(lambda: _procs_in(left) == 0, timeout=10), left
