@@ -9,6 +9,8 @@ pkgs+=(chromium)
 pkgs+=(qemu-system-x86 busybox-static)
 # python3-venv: `make install` builds .venv (a stock Debian 12 lacks it); npm: the agent CLIs.
 pkgs+=(python3-venv)
+# strace: the kill -9 tests inject SIGKILL at counted system calls (tests/integration/sandbox)
+pkgs+=(strace)
 # postgresql: the server binaries the store tests start on a unix socket (tests/integration/store)
 pkgs+=(postgresql)
 # Node.js and npm: Debian's packages only when no node/npm is installed (a NodeSource nodejs

@@ -184,3 +184,11 @@ def _audit() -> str | None:
 
 
 PROBES["requires_audit"] = ("kernel audit can be queried and switched (CAP_AUDIT_CONTROL)", _audit)
+
+
+# --- requires_strace (issue 13, kill -9 at counted system calls) --------------
+def _strace() -> str | None:
+    return None if shutil.which("strace") else "strace not installed"
+
+
+PROBES["requires_strace"] = ("strace is installed (fault injection by syscall count)", _strace)

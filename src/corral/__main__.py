@@ -1,5 +1,5 @@
 """`python -m corral`."""
 
-from corral.cli import main
+from corral.cli import entry
 
-main()
+entry()

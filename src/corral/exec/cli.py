@@ -1,7 +1,9 @@
 """`corral exec`: one command in a sandbox (docs/design.md section 5).
 
 Parsed with argparse rather than typer: this path runs once per sandboxed
-command and importing typer/rich would dominate its start-up time.
+command and importing typer/rich would dominate its start-up time. The
+common form (`--opt value`/`--opt=value`/flags, then `--`) is parsed without
+argparse at all (`_fast_parse`); anything else goes to argparse.
 
 Exit status: the command's own; 124 on timeout; 125 when corral refused or
 failed to start the sandbox (one line on stderr); 137 when the memory limit
@@ -10,10 +12,8 @@ killed it; 2 for bad input; 127 when the command is not found inside.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import shlex
 import signal
 import stat
 import sys
@@ -26,12 +26,13 @@ from corral.sandbox.units import parse_cpus, parse_duration, parse_size
 # Not `typing.TYPE_CHECKING`: importing typing costs ~5 ms on every `corral exec`.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import argparse
     from types import FrameType
     from typing import NoReturn
 
     from _typeshed import SupportsWrite
 
-    from corral.sandbox.spec import SandboxSpec
+    from corral.sandbox.spec import EnvKind, SandboxSpec
 
 __all__ = ["build_spec", "parse_args", "run_exec", "sandbox_env", "validate_path"]
 
@@ -54,18 +55,19 @@ _SYSTEM_TREES = (
 )
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"corral exec: {message}\n")
-        raise SystemExit(EXIT_USAGE)
+def _parser() -> argparse.ArgumentParser:
+    import argparse
 
-    def print_help(self, file: SupportsWrite[str] | None = None) -> None:
-        from corral.helpview import print_argparse_help
+    class _Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            sys.stderr.write(f"corral exec: {message}\n")
+            raise SystemExit(EXIT_USAGE)
 
-        print_argparse_help(self, "corral exec [OPTIONS] -- CMD [ARG...]")
+        def print_help(self, file: SupportsWrite[str] | None = None) -> None:
+            from corral.helpview import print_argparse_help
 
+            print_argparse_help(self, "corral exec [OPTIONS] -- CMD [ARG...]")
 
-def _parser() -> _Parser:
     p = _Parser(
         prog="corral exec",
         description="Run one command in a sandbox.",
@@ -183,8 +185,143 @@ def _glue_dash_values(parser: argparse.ArgumentParser, opts: list[str]) -> list[
     return out
 
 
-def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+class Options:
+    """`corral exec`'s parsed options (the same names argparse's Namespace had)."""
+
+    __slots__ = _FIELDS = (
+        "workspace", "env_kind", "memory", "disk", "cpus", "pids", "timeout", "allow",
+        "host_service", "ro", "rw", "allow_unix", "backend", "journal", "config", "run_id",
+        "session_id", "setenv", "json", "allow_degraded", "unprotect", "dry_run",
+    )  # fmt: skip
+    workspace: str | None
+    env_kind: EnvKind
+    memory: str | None
+    disk: str | None
+    cpus: str | None
+    pids: str | None
+    timeout: str | None
+    allow: list[str]
+    host_service: list[str]
+    ro: list[str]
+    rw: list[str]
+    allow_unix: list[str]
+    backend: str
+    journal: str | None
+    config: str | None
+    run_id: str | None
+    session_id: str | None
+    setenv: list[str]
+    json: bool
+    allow_degraded: list[str]
+    unprotect: list[str]
+    dry_run: bool
+
+    def __init__(self, values: dict[str, object]) -> None:
+        for name in self._FIELDS:
+            setattr(self, name, values[name])
+
+    def as_dict(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in self._FIELDS}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Options) and self.as_dict() == other.as_dict()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable lists inside
+
+    def __repr__(self) -> str:
+        return f"Options({self.as_dict()!r})"
+
+
+#: `--option`: (dest, kind, choices); kind "value" (last wins), "append" or "flag".
+_OPTIONS: dict[str, tuple[str, str, tuple[str, ...] | None]] = {
+    "--workspace": ("workspace", "value", None),
+    "--env": ("env_kind", "value", ("exec", "agent", "product", "verifier")),
+    "--memory": ("memory", "value", None),
+    "--disk": ("disk", "value", None),
+    "--cpus": ("cpus", "value", None),
+    "--pids": ("pids", "value", None),
+    "--timeout": ("timeout", "value", None),
+    "--allow": ("allow", "append", None),
+    "--host-service": ("host_service", "append", None),
+    "--ro": ("ro", "append", None),
+    "--rw": ("rw", "append", None),
+    "--allow-unix": ("allow_unix", "append", None),
+    "--backend": ("backend", "value", None),
+    "--journal": ("journal", "value", None),
+    "--config": ("config", "value", None),
+    "--run": ("run_id", "value", None),
+    "--session": ("session_id", "value", None),
+    "--setenv": ("setenv", "append", None),
+    "--json": ("json", "flag", None),
+    "--allow-degraded": ("allow_degraded", "append", LAYERS),
+    "--unprotect": ("unprotect", "append", None),
+    "--dry-run": ("dry_run", "flag", None),
+}
+
+
+def _defaults() -> dict[str, object]:
+    out: dict[str, object] = {}
+    for dest, kind, _ in _OPTIONS.values():
+        out[dest] = [] if kind == "append" else False if kind == "flag" else None
+    out["env_kind"] = "exec"
+    out["backend"] = "namespace"
+    return out
+
+
+def _fast_parse(opts: list[str]) -> Options | None:
+    """The options argparse would produce, or None for anything it must judge.
+
+    Only exact option names (no abbreviations), values that do not start
+    with `-`, and valid choices are taken here; help, errors and every other
+    form are argparse's, so both paths agree on what they both accept
+    (tests/unit/exec/test_fast_parse.py). Skipping argparse spares
+    `corral exec` its import (with gettext, locale and shutil).
+    """
+    values = _defaults()
+    i = 0
+    while i < len(opts):
+        word = opts[i]
+        name, eq, inline = word.partition("=")
+        entry = _OPTIONS.get(name)
+        if entry is None:
+            return None
+        dest, kind, choices = entry
+        if kind == "flag":
+            if eq:
+                return None
+            values[dest] = True
+            i += 1
+            continue
+        if eq:
+            value = inline
+            i += 1
+        else:
+            if i + 1 >= len(opts) or opts[i + 1].startswith("-"):
+                return None
+            value = opts[i + 1]
+            i += 2
+        if choices is not None and value not in choices:
+            return None
+        if kind == "append":
+            current = values[dest]
+            assert isinstance(current, list)
+            current.append(value)
+        else:
+            values[dest] = value
+    return Options(values)
+
+
+def parse_args(argv: Sequence[str]) -> tuple[Options, list[str]]:
     argv = list(argv)
+    if "--" in argv:
+        i = argv.index("--")
+        fast = _fast_parse(argv[:i])
+        if fast is not None and argv[i + 1 :]:
+            return fast, argv[i + 1 :]
+    return _parse_slow(argv)
+
+
+def _parse_slow(argv: list[str]) -> tuple[Options, list[str]]:
     if "--" in argv:
         i = argv.index("--")
         opts, cmd = argv[:i], argv[i + 1 :]
@@ -203,7 +340,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         cmd = rest
     if not cmd:
         _parser().error("no command given (usage: corral exec [options] -- CMD [ARG...])")
-    return ns, cmd
+    return Options(vars(ns)), cmd
 
 
 def _within(path: str, tree: str) -> bool:
@@ -265,7 +402,7 @@ def sandbox_env(
     return env
 
 
-def build_spec(ns: argparse.Namespace, cmd: list[str], caller_env: dict[str, str]) -> SandboxSpec:
+def build_spec(ns: Options, cmd: list[str], caller_env: dict[str, str]) -> SandboxSpec:
     home = os.path.realpath(os.path.expanduser("~"))
     ws_raw = ns.workspace if ns.workspace is not None else os.getcwd()
     if not os.path.exists(ws_raw):
@@ -565,6 +702,8 @@ def quote_argv(argv: Sequence[str]) -> str:
 
 def _quote(arg: str) -> str:
     if arg.isprintable() and not any(0xDC80 <= ord(c) <= 0xDCFF for c in arg):
+        import shlex
+
         return shlex.quote(arg)
     raw = os.fsencode(arg)
     return (

@@ -298,6 +298,9 @@ def grants_for(paths: tuple[str, ...]) -> tuple[tuple[UnixGrant, ...], tuple[int
     reused by another socket on the same filesystem: a grant admits exactly
     the socket that existed at start. Raises SandboxStartError.
     """
+    if not paths:
+        # Most sandboxes grant none: spare them unix_admit's import.
+        return (), ()
     from corral.sandbox.unix_admit import UnixGrant
 
     out: list[UnixGrant] = []
