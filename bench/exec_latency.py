@@ -202,8 +202,8 @@ def main() -> int:
                 "srt: not installed (npm install --prefix tools/srt @anthropic-ai/sandbox-runtime)"
             )
     for name, xs in results.items():
-        c = f"   cpu {statistics.median(cpu[name]) * 1000:7.1f} ms" if cpu.get(name) else ""
-        print(f"{name:28s} {_fmt(xs)}{c}")
+        cpu_col = f"   cpu {statistics.median(cpu[name]) * 1000:7.1f} ms" if cpu.get(name) else ""
+        print(f"{name:28s} {_fmt(xs)}{cpu_col}")
     med = {k: statistics.median(v) for k, v in results.items()}
     c = med["corral exec -- true"]
     print("where corral exec's time goes (medians):")
