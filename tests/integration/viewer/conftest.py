@@ -96,6 +96,14 @@ class RunningView:
 
 @pytest.fixture(scope="module")
 def running_view() -> Iterator[RunningView]:
+    """The shipped todo-ui example's product, viewed."""
+    with start_view("server.py", {}, "/health", TODO_UI) as view:
+        yield view
+
+
+@pytest.fixture(scope="module")
+def markup_view() -> Iterator[RunningView]:
+    """The fixture product (product/server.py): its console text carries markup."""
     with start_view("server.py", {}, "/health") as view:
         yield view
 
