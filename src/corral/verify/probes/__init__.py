@@ -30,6 +30,7 @@ from corral.verify.probes import broker_tcp as broker_tcp_mod
 from corral.verify.probes import broker_tls_sni as broker_tls_sni_mod
 from corral.verify.probes import check_reasons as check_reasons_mod
 from corral.verify.probes import kernel_denials as kernel_denials_mod
+from corral.verify.probes import viewer_devtools as viewer_devtools_mod
 from corral.verify.probes._prelude import PRELUDE
 
 __all__ = ["PRELUDE", "all_probes"]
@@ -63,6 +64,7 @@ def all_probes() -> list[Probe]:
         *browser_check.PROBES,
         *kernel_denials_mod.PROBES,
         *broker_tls_sni_mod.PROBES,
+        *viewer_devtools_mod.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:
