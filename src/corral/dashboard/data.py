@@ -15,10 +15,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from corral.errors import CorralError
 from corral.run.environments import RunLayout
+
+if TYPE_CHECKING:
+    from corral.broker.livepolicy import Proposal
 
 __all__ = [
     "CheckView",
@@ -27,6 +30,7 @@ __all__ = [
     "SessionView",
     "journal_rows",
     "list_run_summaries",
+    "live_proposals",
     "read_capped",
     "run_layout",
     "run_summary",
@@ -43,6 +47,9 @@ MAX_DIFF: Final = 256_000
 MAX_TARGET: Final = 1_000
 MAX_JOURNAL_ROWS: Final = 400
 MAX_SESSIONS: Final = 200
+#: Journal rows read to group proposals from (the newest ones), and proposals shown.
+MAX_PROPOSAL_ROWS: Final = 20_000
+MAX_PROPOSALS: Final = 50
 
 
 def _clip(value: object, limit: int) -> str:
@@ -333,3 +340,62 @@ def has_samples(layout: RunLayout) -> bool:
         return (layout.root / "footprint.jsonl").stat().st_size > 0
     except OSError:
         return False
+
+
+@dataclass(frozen=True, slots=True)
+class _ProposalRow:
+    """The fields `livepolicy.proposals` reads, each already capped."""
+
+    id: int
+    time: str
+    session: str | None
+    kind: str
+    target: str
+    decision: str
+    rule: str | None
+    detail: dict[str, Any]
+
+
+def live_proposals(layout: RunLayout) -> list[Proposal]:
+    """The run's live-policy proposals (`corral proposals`), from its newest journal rows.
+
+    Only the rows a proposal can come from are read (proposable denials, and
+    the `policy` rows naming rules already added), at most
+    `MAX_PROPOSAL_ROWS`; a target longer than `livepolicy` parses is cut one
+    past its limit, so it still proposes nothing.
+    """
+    import json
+
+    from corral.broker.livepolicy import PROPOSABLE_RULES, proposals
+
+    if not layout.journal.is_file():
+        return []
+    marks = ",".join("?" for _ in PROPOSABLE_RULES)
+    sql = (
+        "SELECT id, substr(time,1,40), substr(session,1,80), kind, substr(target,1,2049),"
+        " decision, rule, CASE WHEN kind = 'policy' THEN substr(detail,1,4096) ELSE '{}' END"
+        " FROM observations WHERE (decision = 'deny' AND kind IN ('net_connect','http_request')"
+        f" AND rule IN ({marks})) OR (kind = 'policy' AND decision = 'observe')"
+        " ORDER BY id DESC LIMIT ?"
+    )
+    with _ro(layout.journal) as db:
+        got = db.execute(sql, [*sorted(PROPOSABLE_RULES), MAX_PROPOSAL_ROWS]).fetchall()
+    rows = []
+    for r in reversed(got):
+        try:
+            detail = json.loads(r[7])
+        except ValueError:
+            detail = {}
+        rows.append(
+            _ProposalRow(
+                id=int(r[0]),
+                time=str(r[1]),
+                session=None if r[2] is None else str(r[2]),
+                kind=str(r[3]),
+                target=str(r[4]),
+                decision=str(r[5]),
+                rule=None if r[6] is None else str(r[6]),
+                detail=detail if isinstance(detail, dict) else {},
+            )
+        )
+    return proposals(rows)[:MAX_PROPOSALS]

@@ -101,6 +101,7 @@ def _run_context(layout: RunLayout, decision: str, diff_n: int | None) -> dict[s
         "journal_max": data.journal_max_id(layout),
         "decision": decision,
         "plot": data.has_samples(layout),
+        "proposals": data.live_proposals(layout),
     }
 
 
@@ -243,6 +244,33 @@ async def _action(request: web.Request) -> web.Response:
     return web.json_response({"message": message})
 
 
+def _approve_in_run(layout: RunLayout, proposal: str, allow_private: bool) -> str:
+    from corral.run.live_cli import approve_proposal, live_run
+
+    lines = approve_proposal(live_run(layout), proposal, allow_private=allow_private)
+    return "; ".join(lines)
+
+
+async def _approve(request: web.Request) -> web.Response:
+    """Approve a live-policy proposal: the control path `corral approve` takes.
+
+    The gate has checked Origin and the form's CSRF field; a private or
+    loopback proposal also needs the form's `allow_private` box (the
+    `--allow-private` of `corral approve`).
+    """
+    layout = await _layout(request)
+    proposal = request.match_info["proposal"]
+    if not (0 < len(proposal) <= 64 and all(c in "0123456789abcdef" for c in proposal)):
+        raise web.HTTPNotFound(text="404: no such proposal\n")
+    form = await request.post()
+    allow_private = form.get("allow_private") == "on"
+    try:
+        message = await asyncio.to_thread(_approve_in_run, layout, proposal, allow_private)
+    except CorralError as exc:
+        message = f"approve refused: {exc}"
+    return web.json_response({"message": message[:2000]})
+
+
 def create_app(
     runs_dir: Path,
     token: str,
@@ -268,6 +296,7 @@ def create_app(
     app.router.add_get("/run/{run}/footprint.svg", _plot, name="plot")
     app.router.add_get("/run/{run}/events", _events, name="events")
     app.router.add_post("/run/{run}/{action}", _action, name="action")
+    app.router.add_post("/run/{run}/approve/{proposal}", _approve, name="approve")
     app.router.add_static("/static/", _HERE / "static", name="static", follow_symlinks=False)
     for extend in extensions:
         extend(app)

@@ -21,8 +21,9 @@ import typer
 if TYPE_CHECKING:
     from corral.broker.config import RuleConfig
     from corral.broker.livepolicy import Proposal
+    from corral.run.environments import RunLayout
 
-__all__ = ["LiveRun", "locate", "register", "render_proposals"]
+__all__ = ["LiveRun", "approve_proposal", "live_run", "locate", "register", "render_proposals"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +41,16 @@ def _sockets(directory: Path) -> tuple[Path, ...]:
     return tuple(sorted(p for p in directory.iterdir() if p.name.endswith(".sock")))
 
 
+def live_run(layout: RunLayout) -> LiveRun:
+    """A `corral run` run's live brokers (its `control/` sockets) and journal."""
+    from corral.broker.control import run_control_dir
+
+    return LiveRun(layout.run_id, _sockets(run_control_dir(layout.root)), layout.journal)
+
+
 def locate(ref: str, runs_dir: Path | None) -> LiveRun:
     """The run `ref` names: a `corral run` run (id, prefix, directory) or an exec run id."""
-    from corral.broker.control import exec_control_dir, request, run_control_dir
+    from corral.broker.control import exec_control_dir, request
     from corral.errors import BrokerError, UsageError
 
     try:
@@ -53,7 +61,7 @@ def locate(ref: str, runs_dir: Path | None) -> LiveRun:
     except UsageError:
         layout = None
     if layout is not None:
-        return LiveRun(layout.run_id, _sockets(run_control_dir(layout.root)), layout.journal)
+        return live_run(layout)
     try:
         directory = exec_control_dir(ref)
     except BrokerError as exc:
@@ -125,6 +133,28 @@ def _proposals(run: LiveRun) -> list[Proposal]:
     if run.journal is None:
         raise UsageError(f"run {run.name}: no journal to read proposals from")
     return proposals(iter_rows(run.journal))
+
+
+def approve_proposal(run: LiveRun, proposal_id: str, *, allow_private: bool) -> list[str]:
+    """Turn proposal `proposal_id` into a rule of every live broker of `run`.
+
+    `corral approve` and the dashboard's Approve button both come here. A
+    proposal that would admit loopback, private or link-local destinations
+    is refused (UsageError) unless `allow_private`; JournalError, BrokerError
+    as `send_rule`.
+    """
+    from corral.errors import UsageError
+
+    found = [p for p in _proposals(run) if p.id == proposal_id]
+    if not found:
+        raise UsageError(f"no proposal {proposal_id!r} for run {run.name}")
+    chosen = found[0]
+    if chosen.private and not allow_private:
+        raise UsageError(
+            f"proposal {chosen.id} would allow private or loopback addresses; "
+            "pass --allow-private if that is meant"
+        )
+    return send_rule(run, chosen.rule, chosen.id)
 
 
 def render_proposals(items: list[Proposal]) -> Any:
@@ -229,23 +259,10 @@ def register(app: typer.Typer) -> None:
 
         try:
             live = locate(run, runs_dir)
-            items = _proposals(live)
-            found = [p for p in items if p.id == proposal_id]
-            if not found:
-                raise UsageError(f"no proposal {proposal_id!r} for run {live.name}")
-            chosen = found[0]
-            if chosen.private and not allow_private:
-                raise UsageError(
-                    f"proposal {chosen.id} would allow private or loopback addresses; "
-                    "pass --allow-private if that is meant"
-                )
+            lines = approve_proposal(live, proposal_id, allow_private=allow_private)
         except UsageError as exc:
             raise _fail("approve", exc, 2) from exc
-        except JournalError as exc:
-            raise _fail("approve", exc, 1) from exc
-        try:
-            lines = send_rule(live, chosen.rule, chosen.id)
-        except BrokerError as exc:
+        except (JournalError, BrokerError) as exc:
             raise _fail("approve", exc, 1) from exc
         for line in lines:
             typer.echo(line)

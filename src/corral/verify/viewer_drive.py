@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import os
 import secrets
 import socket
@@ -28,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ __all__ = ["COLOUR", "drive"]
 
 COLOUR = (0x10, 0xD0, 0x70)
 
-_PRODUCT = '''import os
+_PRODUCT = '''import json, os
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 CANARY = os.environ["CANARY_PORT"]
 SECRET = os.environ["PRODUCT_SECRET"]
@@ -48,15 +49,35 @@ document.cookie = "product=planted; path=/";
 fetch("http://127.0.0.1:{CANARY}/fetch", {{mode: "no-cors"}}).catch(() => {{}});
 try {{ new WebSocket("ws://127.0.0.1:{CANARY}/ws"); }} catch (e) {{}}
 window.open("/popup");
+(async () => {{
+  const open = [];
+  await Promise.all(Array.from({{length: 300}}, (_, k) => 9100 + k).map(async (p) => {{
+    try {{
+      const url = "http://127.0.0.1:" + p + "/json/version";
+      await fetch(url, {{mode: "no-cors", cache: "no-store"}});
+      open.push(p);
+    }} catch (e) {{}}
+  }}));
+  await fetch("/report", {{method: "POST", body: JSON.stringify(open)}});
+}})();
 </script></body></html>"""
+REPORTS = []
 class H(BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = PAGE.encode()
+    def _send(self, body, ctype="text/html; charset=utf-8"):
         self.send_response(200)
-        self.send_header("content-type", "text/html; charset=utf-8")
+        self.send_header("content-type", ctype)
         self.send_header("content-length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+    def do_GET(self):
+        if self.path == "/report":
+            self._send(json.dumps(REPORTS).encode(), "application/json")
+        else:
+            self._send(PAGE.encode())
+    def do_POST(self):
+        n = min(int(self.headers.get("content-length") or 0), 65536)
+        REPORTS.append(json.loads(self.rfile.read(n)))
+        self._send(b"ok", "text/plain")
     def log_message(self, *a):
         pass
 ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()
@@ -89,7 +110,7 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def _direct(root: Path, env: dict[str, str]) -> Iterator[str]:
+def _direct(root: Path, env: dict[str, str]) -> Iterator[tuple[str, Callable[[], bytes]]]:
     port = _free_port()
     proc = subprocess.Popen(
         ["/usr/bin/python3", str(root / "server.py")], env={**env, "PORT": str(port)}
@@ -101,14 +122,17 @@ def _direct(root: Path, env: dict[str, str]) -> Iterator[str]:
                 socket.create_connection(("127.0.0.1", port), 0.5).close()
                 break
             time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}/"
+        yield (
+            f"http://127.0.0.1:{port}/",
+            lambda: _get(socket.create_connection(("127.0.0.1", port), 5)),
+        )
     finally:
         proc.kill()
         proc.wait()
 
 
 @contextlib.contextmanager
-def _viewed(root: Path, env: dict[str, str]) -> Iterator[str]:
+def _viewed(root: Path, env: dict[str, str]) -> Iterator[tuple[str, Callable[[], bytes]]]:
     from corral.run.environments import base_env, redirect_argv
     from corral.sandbox.backend import backend_config, load_backend
     from corral.sandbox.spec import Bind, Limits, NetworkSpec, SandboxSpec
@@ -164,13 +188,71 @@ def _viewed(root: Path, env: dict[str, str]) -> Iterator[str]:
         ready.wait(60)
         if not urls:
             raise RuntimeError("the viewer did not start")
-        yield urls[0]
+        net = stack.product_net
+        assert net is not None
+        yield urls[0], lambda: _get(net.connect(8000))
     finally:
         loop.call_soon_threadsafe(stop.set)
         thread.join(15)
         if not thread.is_alive():
             loop.close()
         stack.close()
+
+
+def _get(sock: socket.socket, limit: int = 65536) -> bytes:
+    """GET /report from the product (host side), the body bounded."""
+    with sock:
+        sock.settimeout(5)
+        sock.sendall(b"GET /report HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        data = b""
+        while len(data) <= limit and (chunk := sock.recv(65536)):
+            data += chunk
+    return data.split(b"\r\n\r\n", 1)[-1][:limit]
+
+
+def _scanned(report: Callable[[], bytes], timeout_s: float) -> list[int] | None:
+    """The ports in 9100-9399 the product's page reached (None: it never reported)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            got = json.loads(report())
+            if isinstance(got, list) and got:
+                found = {
+                    int(p) for r in got if isinstance(r, list) for p in r if isinstance(p, int)
+                }
+                return sorted(found)
+        time.sleep(0.2)
+    return None
+
+
+def _standin() -> socket.socket:
+    """A listener in 9100-9399 on the host's loopback: what a browser's DevTools
+    port is to a page running in the host browser (`--backend none`)."""
+    for port in range(9100, 9400):
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            s.close()
+            continue
+        s.listen(16)
+        threading.Thread(target=_accept_all, args=(s,), daemon=True).start()
+        return s
+    raise RuntimeError("no free port in 9100-9399 for the DevTools stand-in")
+
+
+def _accept_all(s: socket.socket) -> None:
+    # Answers like Chromium's DevTools HTTP endpoint does (a fetch of a
+    # connection closed without a response fails, as a refused one does).
+    while True:
+        try:
+            conn, _ = s.accept()
+        except OSError:
+            return
+        with conn, contextlib.suppress(OSError):
+            conn.settimeout(2)
+            conn.recv(4096)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
 
 
 def _near(rgb: list[int]) -> bool:
@@ -183,13 +265,14 @@ def drive(direct: bool) -> dict[str, Any]:
     from playwright.sync_api import sync_playwright
 
     canary = _Canary()
+    standin = _standin()
     secret = "corral-m11-" + secrets.token_hex(8)
     root = Path(tempfile.mkdtemp(prefix="corral-verify-viewer-"))
     (root / "server.py").write_text(_PRODUCT, encoding="utf-8")
     env = {"CANARY_PORT": str(canary.port), "PRODUCT_SECRET": secret, "PATH": os.defpath}
     opener = _direct if direct else _viewed
     try:
-        with opener(root, env) as url, sync_playwright() as pw:
+        with opener(root, env) as (url, report), sync_playwright() as pw:
             origin = url.split("/viewer", 1)[0].rstrip("/")
             browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
             ctx = browser.new_context(viewport={"width": 1800, "height": 1000})
@@ -217,6 +300,7 @@ def drive(direct: bool) -> dict[str, Any]:
                 shown = _near(list(rgb))
                 page.wait_for_timeout(200)
             page.wait_for_timeout(1000)  # the product's script had its chance
+            scanned = _scanned(report, 15.0)
             bodies = []
             for r in list(responses):
                 with contextlib.suppress(Exception):  # redirects have no body
@@ -230,12 +314,16 @@ def drive(direct: bool) -> dict[str, Any]:
                 "cookie": [c["name"] for c in ctx.cookies() if c["name"] == "product"],
                 "popup": len(ctx.pages) - 1,
                 "shown": shown,
+                # What the page's scan reached; a report that never came is
+                # not a denial (the fact is missing: an error).
+                **({"devtools_port": scanned} if scanned is not None else {}),
             }
             ctx.close()
             browser.close()
             return facts
     finally:
         canary.sock.close()
+        standin.close()
         with contextlib.suppress(OSError):
             for p in sorted(root.rglob("*"), reverse=True):
                 p.unlink() if not p.is_dir() else p.rmdir()

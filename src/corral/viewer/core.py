@@ -13,13 +13,11 @@ import asyncio
 import collections
 import contextlib
 import json
-import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from corral.viewer.cdp import CdpClient, CdpError, http_get_json
+from corral.viewer.cdp import CdpClient, CdpError
 from corral.viewer.frames import FrameRejected, jpeg_from_b64
 from corral.viewer.inputs import InputEvent, Key, Mouse, Nav, Resize, Text, Wheel, clean_text
 
@@ -45,30 +43,15 @@ class ViewerEvent:
         )
 
 
-async def open_page_target(
-    connect: Callable[[], socket.socket], host: str, timeout_s: float = 30.0
-) -> CdpClient:
-    """Wait for Chromium's DevTools endpoint (`host`: its HOST:PORT) and attach to its page."""
-    deadline = time.monotonic() + timeout_s
-    last = "no attempt"
-    while time.monotonic() < deadline:
-        try:
-            sock = await asyncio.to_thread(connect)
-            targets = await http_get_json(sock, "/json/list", host)
-            pages = [
-                t
-                for t in (targets if isinstance(targets, list) else [])
-                if isinstance(t, dict) and t.get("type") == "page"
-            ]
-            if pages:
-                url = str(pages[0].get("webSocketDebuggerUrl", ""))
-                path = "/" + url.split("://", 1)[-1].split("/", 1)[-1] if "://" in url else ""
-                return await CdpClient.connect(await asyncio.to_thread(connect), path, host)
-            last = "no page target yet"
-        except (OSError, CdpError) as exc:
-            last = str(exc)
-        await asyncio.sleep(0.2)
-    raise CdpError(f"the viewer's Chromium did not answer in {timeout_s:g}s ({last})")
+async def open_page_target(read_fd: int, write_fd: int, timeout_s: float = 30.0) -> CdpClient:
+    """Own Chromium's DevTools pipe (`read_fd`: its fd 4, `write_fd`: its fd 3), attach."""
+    client = await CdpClient.open(read_fd, write_fd)
+    try:
+        await client.attach_page(timeout_s)
+    except BaseException:
+        await client.aclose()
+        raise
+    return client
 
 
 class Viewer:

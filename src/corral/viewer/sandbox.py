@@ -2,23 +2,25 @@
 
 Like a verifier, the viewer sandbox has no network device besides its own
 loopback: corral's forwarder listens on its 127.0.0.1:PRODUCT_PORT and relays
-each (journaled) connection to the product's sandbox. Chromium's DevTools
-endpoint listens on the viewer's own loopback (127.0.0.1:9222) and corral
-reaches it through `SandboxNet.connect`, so there is no host TCP port the
-product could reach. Chromium's own sandbox is off (`--no-sandbox`): the
+each (journaled) connection to the product's sandbox. Chromium speaks
+DevTools over `--remote-debugging-pipe` on its fds 3 and 4, which are the
+sandbox's stdin and stdout: pipes only corral holds. No DevTools port
+exists, neither on the host nor on the viewer's loopback, where the
+product's own JavaScript could reach it. Chromium's own sandbox is off (`--no-sandbox`): the
 sandbox is corral's (namespaces, seccomp, Landlock, cgroup limits).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from corral.errors import SandboxStartError
 from corral.sandbox.spec import Limits, NetworkSpec, SandboxSpec
 
 if TYPE_CHECKING:
@@ -28,7 +30,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHROMIUM",
-    "DEVTOOLS_PORT",
     "ViewerLimits",
     "ViewerSandbox",
     "chromium_argv",
@@ -39,7 +40,6 @@ __all__ = [
 # `--enable-remote-extensions` and loads extensions from /etc/chromium.d, and
 # it exits when /proc/cpuinfo is not what it expects.
 CHROMIUM = "/usr/lib/chromium/chromium"
-DEVTOOLS_PORT = 9222
 PROFILE = "/tmp/corral-viewer-profile"
 
 
@@ -68,8 +68,7 @@ def chromium_argv(width: int, height: int) -> tuple[str, ...]:
         "--password-store=basic",
         f"--user-data-dir={PROFILE}",
         f"--window-size={width},{height}",
-        f"--remote-debugging-port={DEVTOOLS_PORT}",
-        "--remote-debugging-address=127.0.0.1",
+        "--remote-debugging-pipe",
         "about:blank",
     )
 
@@ -85,10 +84,11 @@ def viewer_spec(
 ) -> SandboxSpec:
     """The viewer sandbox: nothing writable but its tmpfs and an empty scratch dir.
 
-    Chromium's output goes to /dev/null inside the sandbox: it is product-
+    The sandbox's stdin and stdout become Chromium's DevTools pipe (fds 3
+    and 4); its own stdio is /dev/null inside the sandbox: it is product-
     influenced text the host has no use for and must not store unbounded.
     """
-    script = 'exec </dev/null >/dev/null 2>&1; exec "$@"'
+    script = 'exec 3<&0 4>&1 </dev/null >/dev/null 2>&1; exec "$@"'
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": "/tmp",
@@ -128,12 +128,37 @@ class ViewerSandbox:
             holder.append(net)
             self._stops.append(forwarder.expose(net.listen(product_port), product, product_port))
 
-        self.sandbox: Sandbox = backend.start(spec, parent_cgroup=parent_cgroup, network=hook)
+        # Commands go host -> Chromium's fd 3 (the sandbox's stdin), answers
+        # and events Chromium's fd 4 (its stdout) -> host.
+        cmd_r, cmd_w = os.pipe2(os.O_CLOEXEC)
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        self._devtools: tuple[int, int] | None = (out_r, cmd_w)
+        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            self.sandbox: Sandbox = backend.start(
+                spec, parent_cgroup=parent_cgroup, network=hook, stdio=(cmd_r, out_w, null)
+            )
+        except BaseException:
+            self._close_devtools()
+            raise
+        finally:
+            # The sandbox holds its ends now; ours would keep the pipe open
+            # after Chromium died (no EOF on out_r).
+            for fd in (cmd_r, out_w, null):
+                os.close(fd)
         self.net: SandboxNet = holder[0]
 
-    def devtools(self) -> socket.socket:
-        """A socket to Chromium's DevTools endpoint on the viewer's own loopback."""
-        return self.net.connect(DEVTOOLS_PORT)
+    def take_devtools(self) -> tuple[int, int]:
+        """Chromium's DevTools pipe (read fd, write fd); the caller owns them from now on."""
+        if self._devtools is None:
+            raise SandboxStartError("the viewer's DevTools pipe was already taken")
+        fds, self._devtools = self._devtools, None
+        return fds
+
+    def _close_devtools(self) -> None:
+        fds, self._devtools = self._devtools, None
+        for fd in fds or ():
+            os.close(fd)
 
     def peak_memory(self) -> int:
         usage = self.sandbox.usage()
@@ -146,4 +171,5 @@ class ViewerSandbox:
         for stop in self._stops:
             stop()
         self.sandbox.close()
+        self._close_devtools()
         return result

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from corral.errors import SandboxStartError
 from corral.run.forward import PortForwarder, probe_ready
-from corral.viewer.sandbox import DEVTOOLS_PORT, ViewerLimits, ViewerSandbox, viewer_spec
+from corral.viewer.sandbox import ViewerLimits, ViewerSandbox, viewer_spec
 
 if TYPE_CHECKING:
     from corral.sandbox.backend import Backend, Sandbox, SandboxNet
@@ -121,7 +121,7 @@ async def attach(stack: ViewStack, path: str = "/") -> Viewer:
     from corral.viewer.core import Viewer, open_page_target
 
     assert stack.viewer is not None
-    client = await open_page_target(stack.viewer.devtools, f"127.0.0.1:{DEVTOOLS_PORT}")
+    client = await open_page_target(*stack.viewer.take_devtools())
     viewer = Viewer(client, stack.origin, stack.plan.width, stack.plan.height)
     await viewer.start(path)
     return viewer

@@ -20,21 +20,52 @@ from corral.viewer.stack import ViewPlan, ViewStack, serve
 from corral.viewer.web import new_token
 
 PRODUCT = Path(__file__).parent / "product"
+TODO_UI = Path(__file__).parents[3] / "examples" / "todo-ui"
 PORT = 8000
 
 
+def todo_ui_product(dest: Path) -> Path:
+    """The shipped todo-ui example's product as its script agent leaves it.
+
+    The mission's scenario.yaml is what the synthetic provider plays and the
+    script agent carries out: session 1 writes server.py, session 2 edits it
+    (the fix the browser check asked for). The same calls applied here give
+    the product a run of that mission ends with.
+    """
+    import yaml
+
+    scenario = yaml.safe_load((TODO_UI / "scenario.yaml").read_text())
+    text: str | None = None
+    for conv in scenario["conversations"]:
+        for turn in conv["turns"]:
+            for call in turn.get("calls", []):
+                if "write_file" in call and call["write_file"]["path"] == "server.py":
+                    text = call["write_file"]["content"]
+                elif "edit_file" in call and call["edit_file"]["path"] == "server.py":
+                    edit = call["edit_file"]
+                    assert text is not None and text.count(edit["old"]) == 1
+                    text = text.replace(edit["old"], edit["new"])
+    assert text is not None and "// TODO" not in text
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "server.py").write_text(text)
+    return dest
+
+
 def product_spec(
-    scratch: Path, script: str = "server.py", env: dict[str, str] | None = None
+    scratch: Path,
+    script: str = "server.py",
+    env: dict[str, str] | None = None,
+    product: Path = PRODUCT,
 ) -> SandboxSpec:
     return SandboxSpec(
         argv=redirect_argv(
-            ("/bin/sh", "-c", f"cd {PRODUCT} && exec python3 {script}"),
+            ("/bin/sh", "-c", f"cd {product} && exec python3 {script}"),
             scratch / "stdout.log",
             scratch / "stderr.log",
         ),
         workspace=str(scratch),
         env=tuple(sorted(base_env({"PORT": str(PORT), **(env or {})}).items())),
-        binds=(Bind(str(PRODUCT), writable=False),),
+        binds=(Bind(str(product), writable=False),),
         limits=Limits(memory_bytes=128 << 20, pids=64),
         network=NetworkSpec(),
         env_kind="product",
@@ -65,18 +96,31 @@ class RunningView:
 
 @pytest.fixture(scope="module")
 def running_view() -> Iterator[RunningView]:
+    """The shipped todo-ui example's product, viewed."""
+    with start_view("server.py", {}, "/health", TODO_UI) as view:
+        yield view
+
+
+@pytest.fixture(scope="module")
+def markup_view() -> Iterator[RunningView]:
+    """The fixture product (product/server.py): its console text carries markup."""
     with start_view("server.py", {}, "/health") as view:
         yield view
 
 
 @contextlib.contextmanager
-def start_view(script: str, env: dict[str, str], ready_path: str) -> Iterator[RunningView]:
-    """The product `script` (in product/) in its sandbox, viewed; torn down on exit."""
+def start_view(
+    script: str, env: dict[str, str], ready_path: str, product: Path | None = None
+) -> Iterator[RunningView]:
+    """The product `script` (in `product`, default product/) in its sandbox, viewed;
+    torn down on exit. `product=TODO_UI`: the shipped todo-ui example's product."""
     tmp = Path(tempfile.mkdtemp(prefix="corral-viewer-test-"))
     (tmp / "product").mkdir()
+    if product == TODO_UI:
+        product = todo_ui_product(tmp / "todo-ui")
     forwards: list[str] = []
     be = load_backend(backend_config("namespace"))
-    spec = product_spec(tmp / "product", script, env)
+    spec = product_spec(tmp / "product", script, env, product or PRODUCT)
     plan = ViewPlan(spec, PORT, ready_path, 15.0, tmp / "viewer")
     stack = ViewStack(plan, product_backend=be, viewer_backend=be, on_forward=forwards.append)
     token = new_token()

@@ -77,6 +77,18 @@
   document.getElementById("back").onclick = () => send({ kind: "nav", action: "back" });
   document.getElementById("forward").onclick = () => send({ kind: "nav", action: "forward" });
   document.getElementById("reload").onclick = () => send({ kind: "nav", action: "reload" });
+  // A resized window resizes the product's view (Emulation.setDeviceMetricsOverride
+  // on the server); the next frames come at the new size. Bounds as inputs.py.
+  let resizeTimer = 0;
+  window.addEventListener("resize", () => {
+    clearTimeout(resizeTimer);
+    resizeTimer = setTimeout(() => {
+      const head = document.querySelector("header").offsetHeight;
+      const w = Math.floor(Math.min(window.innerWidth * 0.75, window.innerWidth - 220));
+      const h = Math.floor(window.innerHeight - head - 12);
+      send({ kind: "resize", width: Math.max(200, Math.min(2560, w)), height: Math.max(150, Math.min(1600, h)) });
+    }, 150);
+  });
   document.getElementById("addr").onsubmit = (e) => {
     e.preventDefault();
     send({ kind: "nav", action: "go", path: document.getElementById("path").value });
