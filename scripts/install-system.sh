@@ -13,6 +13,8 @@ pkgs+=(python3-venv)
 pkgs+=(strace)
 # postgresql: the server binaries the store tests start on a unix socket (tests/integration/store)
 pkgs+=(postgresql)
+# openssh: the `[[tcp]]` tests clone over ssh from an sshd they start on loopback ports
+pkgs+=(openssh-server openssh-client)
 # Node.js and npm: Debian's packages only when no node/npm is installed (a NodeSource nodejs
 # already ships npm, and Debian's npm would conflict with it).
 if ! command -v npm >/dev/null 2>&1; then
