@@ -15,6 +15,8 @@ pkgs+=(strace)
 pkgs+=(postgresql)
 # openssh: the `[[tcp]]` tests clone over ssh from an sshd they start on loopback ports
 pkgs+=(openssh-server openssh-client)
+# python3-pip: the no-egress test runs Debian's pip inside a sandbox (tests/integration/sandbox)
+pkgs+=(python3-pip)
 # Node.js and npm: Debian's packages only when no node/npm is installed (a NodeSource nodejs
 # already ships npm, and Debian's npm would conflict with it).
 if ! command -v npm >/dev/null 2>&1; then
