@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Final
 import h11
 from pydantic import ValidationError
 
+from corral.broker import relay
 from corral.broker.actions import (
     Action,
     HttpRequest,
@@ -959,23 +960,12 @@ class _ClientConnection:
         client = self.sock
         idle = self.limits.tunnel_idle_timeout_s
 
-        async def recv(sock: socket.socket) -> bytes:
-            if idle is None:
-                return await loop.sock_recv(sock, _RECV)
-            async with asyncio.timeout(idle):
-                return await loop.sock_recv(sock, _RECV)
+        def pump(src: socket.socket, dst: socket.socket, index: int) -> asyncio.Task[None]:
+            return asyncio.create_task(
+                relay.pump(src, dst, counts, index, idle_s=idle, bufsize=_RECV)
+            )
 
-        async def pump(src: socket.socket, dst: socket.socket, index: int) -> None:
-            while True:
-                data = await recv(src)
-                if not data:
-                    with contextlib.suppress(OSError):
-                        dst.shutdown(socket.SHUT_WR)
-                    return
-                counts[index] += len(data)
-                await loop.sock_sendall(dst, data)
-
-        down = asyncio.create_task(pump(upstream, client, 1))
+        down = pump(upstream, client, 1)
         try:
             if self.limits.sni_check:
                 refusal = await self._check_sni(action, obs_id, pending, client_closed)
@@ -990,13 +980,9 @@ class _ClientConnection:
                     upstream.shutdown(socket.SHUT_WR)
                 await down
                 return None
-            up = asyncio.create_task(pump(client, upstream, 0))
+            up = pump(client, upstream, 0)
             try:
-                done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_EXCEPTION)
-                for task in done:
-                    if task.exception() is not None:
-                        return repr(task.exception())
-                await asyncio.gather(up, down)
+                return await relay.first_failure(up, down)
             finally:
                 up.cancel()
                 await asyncio.gather(up, return_exceptions=True)
