@@ -38,7 +38,9 @@ __all__ = [
     "TcpRuleConfig",
     "TlsConfig",
     "canonical_rule_host",
+    "check_allow_list",
     "parse_secret_ref",
+    "split_hostport",
 ]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -585,3 +587,13 @@ class BrokerConfig(BaseModel):
             return cls.model_validate_json(text)
         except ValueError as exc:
             raise ConfigError(f"invalid broker configuration: {exc}") from exc
+
+
+def check_allow_list(entries: tuple[str, ...]) -> tuple[str, ...]:
+    """A config file's `allow = [...]`, checked as `--allow` flags are (for a
+    pydantic validator: ValueError naming the bad entry, without the flag)."""
+    try:
+        BrokerConfig.from_allow_flags(entries)
+    except ConfigError as exc:
+        raise ValueError(str(exc).replace("--allow ", "")) from None
+    return entries
