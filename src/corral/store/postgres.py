@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, LiteralString, Self
 
+from corral.broker.pgjournal import pg_connect
 from corral.errors import LeaseLostError, StoreError, UsageError
 from corral.run.store import (
     RUN_COLS,
@@ -229,15 +230,7 @@ _FINAL: Final = ("passed", "exhausted", "failed", "stopped")
 
 
 def _connect(url: str) -> psycopg.Connection[tuple[Any, ...]]:
-    try:
-        import psycopg
-    except ImportError as exc:
-        raise StoreError("--store postgresql needs psycopg: install corral[postgresql]") from exc
-
-    try:
-        return psycopg.connect(url, autocommit=True, connect_timeout=10)
-    except psycopg.Error as exc:
-        raise StoreError(f"cannot connect to the store: {exc}".strip()) from exc
+    return pg_connect(url, StoreError, what="the store (--store postgresql)")
 
 
 def _current_version(conn: psycopg.Connection[tuple[Any, ...]]) -> int | None:
