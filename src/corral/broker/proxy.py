@@ -578,22 +578,32 @@ class _ClientConnection:
                 return await self._route_admitted(request, action, name, extra, budget)
         return await self._route_admitted(request, action, name, extra, budget)
 
-    async def _refuse_budget(self, action: ProviderCall, extra: dict[str, Any], why: str) -> bool:
+    async def _journal_denial(
+        self,
+        action: Action,
+        rule: str,
+        reason: str,
+        extra: dict[str, Any],
+        cause: int | None = None,
+    ) -> bool:
+        """Journal a denial before it is answered; True once the row is in. When
+        the journal cannot take it the client is answered 503 (fail closed)."""
         try:
-            await self._record(action, Decision("deny", BUDGET_RULE, why), extra)
+            await self._record(action, Decision("deny", rule, reason), extra, cause)
         except Exception as exc:
             await self._deny(503, "journal-unavailable", f"journal write failed: {exc}")
             return False
-        await self._deny(429, BUDGET_RULE, why)
+        return True
+
+    async def _refuse_budget(self, action: ProviderCall, extra: dict[str, Any], why: str) -> bool:
+        if await self._journal_denial(action, BUDGET_RULE, why, extra):
+            await self._deny(429, BUDGET_RULE, why)
         return False
 
     async def _refuse_body(self, action: Action, extra: dict[str, Any], declared: int) -> bool:
         limit = self.limits.max_body_bytes
         why = f"request body of {declared} bytes is over the {limit}-byte limit"
-        try:
-            await self._record(action, Decision("deny", BODY_LIMIT_RULE, why), extra)
-        except Exception as exc:
-            await self._deny(503, "journal-unavailable", f"journal write failed: {exc}")
+        if not await self._journal_denial(action, BODY_LIMIT_RULE, why, extra):
             return False
         # Clients send the whole body before reading the answer: drain what
         # was declared (bounded) so the 413 is read rather than reset.
