@@ -35,7 +35,7 @@ import re
 import socket
 import stat
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ from corral.broker.actions import Identity, Observation
 from corral.broker.config import BrokerConfig, RuleConfig
 from corral.broker.journal import GroupCommitJournal
 from corral.broker.livepolicy import rule_id
-from corral.broker.privdir import check_private_dir, make_private_dirs, peer_uid
+from corral.broker.privdir import check_private_dir, make_private_dirs, peer_uid, short_path
 from corral.errors import BrokerError
 
 __all__ = [
@@ -90,20 +90,6 @@ def socket_name(session: str | None, env: str) -> str:
     return f"{stem}-{env}.sock"
 
 
-@contextlib.contextmanager
-def _short_path(path: Path) -> Iterator[str]:
-    # sun_path holds 108 bytes and run directories can be deeper: reach the
-    # directory through /proc/self/fd, which the kernel resolves at bind/connect.
-    if len(os.fsencode(path)) < 100:
-        yield str(path)
-        return
-    fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        yield f"/proc/self/fd/{fd}/{path.name}"
-    finally:
-        os.close(fd)
-
-
 def bind_control_socket(path: Path) -> socket.socket:
     """A listening 0600 unix socket at `path` in a private directory (stale file replaced)."""
     make_private_dirs(path.parent)
@@ -113,7 +99,7 @@ def bind_control_socket(path: Path) -> socket.socket:
             raise BrokerError(f"{path} exists and is not a socket")
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            with _short_path(path) as where:
+            with short_path(path) as where:
                 probe.connect(where)
         except ConnectionRefusedError:
             # A SIGKILLed broker's leftover: nothing listens on it.
@@ -125,7 +111,7 @@ def bind_control_socket(path: Path) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)
     try:
-        with _short_path(path) as where:
+        with short_path(path) as where:
             sock.bind(where)
     except OSError as exc:
         sock.close()
@@ -277,7 +263,7 @@ def request(path: Path, body: dict[str, Any], timeout_s: float = _TIMEOUT_S) -> 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout_s)
     try:
-        with _short_path(path) as where:
+        with short_path(path) as where:
             sock.connect(where)
         with contextlib.suppress(BrokenPipeError):
             # A refusing broker answers and closes before reading; its answer is queued.

@@ -10,11 +10,12 @@ import contextlib
 import os
 import socket
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 from corral.errors import BrokerError
 
-__all__ = ["check_private_dir", "make_private_dirs", "peer_uid"]
+__all__ = ["check_private_dir", "make_private_dirs", "peer_uid", "short_path"]
 
 
 def check_private_dir(path: Path) -> None:
@@ -57,3 +58,18 @@ def peer_uid(sock: socket.socket) -> int:
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, _gid = struct.unpack("3i", raw)
     return int(uid)
+
+
+@contextlib.contextmanager
+def short_path(path: Path) -> Iterator[str]:
+    """A name for unix socket `path` that fits sun_path, valid inside the block."""
+    # sun_path holds 108 bytes and run directories can be deeper: reach the
+    # directory through /proc/self/fd, which the kernel resolves at bind/connect.
+    if len(os.fsencode(path)) < 100:
+        yield str(path)
+        return
+    fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{fd}/{path.name}"
+    finally:
+        os.close(fd)

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from corral.broker.privdir import make_private_dirs, peer_uid
+from corral.broker.privdir import make_private_dirs, peer_uid, short_path
 from corral.errors import BrokerError
 
 __all__ = ["Attachment", "attach_resident", "resident_socket"]
@@ -73,24 +73,15 @@ def _code_stamp() -> str:
 
 def _connect(path: Path) -> socket.socket | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    dirfd: int | None = None
     try:
-        where = str(path)
-        if len(os.fsencode(path)) >= 100:
-            # sun_path holds 108 bytes: reach a deep directory through
-            # /proc/self/fd, which the kernel resolves at connect.
-            dirfd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-            where = f"/proc/self/fd/{dirfd}/{path.name}"
-        sock.connect(where)
+        with short_path(path) as where:
+            sock.connect(where)
     except (FileNotFoundError, ConnectionRefusedError):
         sock.close()
         return None
     except OSError as exc:
         sock.close()
         raise BrokerError(f"resident broker {path}: {exc.strerror or exc}") from exc
-    finally:
-        if dirfd is not None:
-            os.close(dirfd)
     if peer_uid(sock) != os.getuid():
         # The directory is private, so this means it was tampered with.
         sock.close()

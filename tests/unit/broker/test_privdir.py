@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.broker.privdir import make_private_dirs, peer_uid
+from corral.broker.privdir import make_private_dirs, peer_uid, short_path
 from corral.errors import BrokerError
 
 
@@ -41,3 +41,19 @@ def test_peer_uid_is_our_own_on_a_socketpair() -> None:
     a, b = socket.socketpair(socket.AF_UNIX)
     with a, b:
         assert peer_uid(a) == os.getuid()
+
+
+def test_short_path_binds_and_connects_below_sun_path_limit(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    make_private_dirs(deep)
+    path = deep / "x.sock"
+    assert len(os.fsencode(path)) > 108
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with server, client:
+        with short_path(path) as where:
+            server.bind(where)
+        server.listen(1)
+        assert path.exists()
+        with short_path(path) as where:
+            client.connect(where)
