@@ -191,6 +191,50 @@ def _exit_reason(code: int, stderr: bytes) -> str:
     return stderr.decode(errors="replace").strip()
 
 
+def _git_exe() -> str:
+    git = shutil.which("git")
+    if git is None:
+        raise GitError("git is not installed")
+    return git
+
+
+def _git_command(
+    git: str,
+    git_dir: str | Path,
+    work_tree: str | Path,
+    home: str,
+    args: Sequence[str],
+    *,
+    cgroup_procs: Sequence[str],
+    index_file: str | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment) of `git ARGS` with the trusted `git_dir` over `work_tree`,
+    its configuration hardened and its HOME the empty `home`."""
+    env = hardened_env(home)
+    env["GIT_DIR"] = str(git_dir)
+    env["GIT_WORK_TREE"] = str(work_tree)
+    if index_file is not None:
+        env["GIT_INDEX_FILE"] = index_file
+    return _joined([git, *_config_args(), *args], env, cgroup_procs), env
+
+
+def _start_git(
+    argv: list[str], env: dict[str, str], work_tree: str | Path, what: str
+) -> subprocess.Popen[bytes]:
+    """Start git with its output on pipes (read bounded by the caller)."""
+    try:
+        return subprocess.Popen(
+            argv,
+            env=env,
+            cwd=str(work_tree),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+    except OSError as exc:
+        raise GitError(f"cannot start git {what}: {exc}") from exc
+
+
 def safe_git(
     git_dir: str | Path,
     work_tree: str | Path,
@@ -205,19 +249,14 @@ def safe_git(
 
     Raises GitError with git's stderr when it fails.
     """
-    git = shutil.which("git")
-    if git is None:
-        raise GitError("git is not installed")
+    git = _git_exe()
     with tempfile.TemporaryDirectory(prefix="corral-git-home-") as home:
-        env = hardened_env(home)
-        env["GIT_DIR"] = str(git_dir)
-        env["GIT_WORK_TREE"] = str(work_tree)
-        if index_file is not None:
-            env["GIT_INDEX_FILE"] = index_file
         args = list(args)
         if args and args[0] in _DIFFING and "--no-ext-diff" not in args:
             args[1:1] = ["--no-ext-diff", "--no-textconv"]
-        argv = _joined([git, *_config_args(), *args], env, cgroup_procs)
+        argv, env = _git_command(
+            git, git_dir, work_tree, home, args, cgroup_procs=cgroup_procs, index_file=index_file
+        )
         try:
             proc = subprocess.run(
                 argv,
@@ -383,26 +422,13 @@ class TrustedRepo:
         git's output is read in bounded pieces and git is killed at the cap
         rather than buffered whole.
         """
-        git = shutil.which("git")
-        if git is None:
-            raise GitError("git is not installed")
+        git = _git_exe()
         with tempfile.TemporaryDirectory(prefix="corral-git-home-") as home:
-            env = hardened_env(home)
-            env["GIT_DIR"] = str(self.git_dir)
-            env["GIT_WORK_TREE"] = str(self.work_tree)
             args = ["diff", "--no-ext-diff", "--no-textconv", "--no-color", base, head, "--"]
-            argv = _joined([git, *_config_args(), *args], env, self.cgroup_procs)
-            try:
-                proc = subprocess.Popen(
-                    argv,
-                    env=env,
-                    cwd=str(self.work_tree),
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                )
-            except OSError as exc:
-                raise GitError(f"cannot start git diff: {exc}") from exc
+            argv, env = _git_command(
+                git, self.git_dir, self.work_tree, home, args, cgroup_procs=self.cgroup_procs
+            )
+            proc = _start_git(argv, env, self.work_tree, "diff")
             assert proc.stdout is not None and proc.stderr is not None
             chunks: list[bytes] = []
             got = 0
@@ -567,26 +593,15 @@ class _Archive:
 
 def _archive(repo: TrustedRepo, commit: str) -> _Archive:
     """Start `git archive --format=tar COMMIT` with the hardened environment."""
-    git = shutil.which("git")
-    if git is None:
-        raise GitError("git is not installed")
+    git = _git_exe()
     home = tempfile.TemporaryDirectory(prefix="corral-git-home-")
-    env = hardened_env(home.name)
-    env["GIT_DIR"] = str(repo.git_dir)
-    env["GIT_WORK_TREE"] = str(repo.work_tree)
-    argv = _joined(
-        [git, *_config_args(), "archive", "--format=tar", commit], env, repo.cgroup_procs
+    args = ["archive", "--format=tar", commit]
+    argv, env = _git_command(
+        git, repo.git_dir, repo.work_tree, home.name, args, cgroup_procs=repo.cgroup_procs
     )
     try:
-        proc = subprocess.Popen(
-            argv,
-            env=env,
-            cwd=str(repo.work_tree),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-    except OSError as exc:
+        proc = _start_git(argv, env, repo.work_tree, "archive")
+    except GitError:
         home.cleanup()
-        raise GitError(f"cannot start git archive: {exc}") from exc
+        raise
     return _Archive(proc, home)

@@ -1,25 +1,38 @@
-"""SQLite rows into frozen records, by column name (the journal and the run store).
+"""Database rows into frozen records, by column name (the journal and the run stores).
 
-Both databases select columns named like the fields of a frozen dataclass
-and read rows with `sqlite3.Row`; `record()` maps one onto the other, so no
-caller keeps a list of column positions in step with its SELECT.
+The databases select columns named like the fields of a frozen dataclass
+and read rows by name (`sqlite3.Row`, or a PostgreSQL row zipped with its
+column names); `record()` maps one onto the other, so no caller keeps a list
+of column positions in step with its SELECT.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sqlite3
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
-__all__ = ["record"]
+__all__ = ["Row", "named", "record"]
 
 T = TypeVar("T")
 
 
+class Row(Protocol):
+    """A row whose columns are read by name (`sqlite3.Row`, a mapping)."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+def named(names: Sequence[str], row: Sequence[Any]) -> dict[str, Any]:
+    """A positional row as a mapping, its columns called `names` in order."""
+    if len(names) != len(row):
+        raise ValueError(f"row of {len(row)} columns for {len(names)} names")
+    return dict(zip(names, row, strict=True))
+
+
 def record(
     cls: type[T],
-    row: sqlite3.Row,
+    row: Row,
     *,
     convert: Mapping[str, Callable[[Any], Any]] | None = None,
     given: Mapping[str, Any] | None = None,

@@ -38,7 +38,9 @@ __all__ = [
     "TcpRuleConfig",
     "TlsConfig",
     "canonical_rule_host",
+    "check_allow_list",
     "parse_secret_ref",
+    "split_hostport",
 ]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -79,8 +81,9 @@ def canonical_rule_host(raw: str) -> str:
     return canonical_host(text)
 
 
-def _parse_allow_flag(flag: str) -> tuple[str, tuple[int, ...]]:
-    text = flag.strip()
+def split_hostport(text: str) -> tuple[str, tuple[int, ...]]:
+    """`host`, `host:port`, `[v6]:port` or a bare IPv6 address as (canonical rule
+    host, ports); no port means 80 and 443. ValueError when it is none of them."""
     port_text = ""
     if text.startswith("["):
         inner, sep, rest = text[1:].partition("]")
@@ -93,16 +96,20 @@ def _parse_allow_flag(flag: str) -> tuple[str, tuple[int, ...]]:
         host, _, port_text = text.partition(":")
     if port_text and not (port_text.isdigit() and 1 <= int(port_text) <= 65535):
         raise ValueError(f"invalid port {port_text!r}")
-    canonical = canonical_rule_host(host)
+    return canonical_rule_host(host), (int(port_text),) if port_text else (80, 443)
+
+
+def _parse_allow_flag(flag: str) -> tuple[str, tuple[int, ...]]:
+    canonical, ports = split_hostport(flag.strip())
     if _is_loopback(canonical):
         # Clients skip the proxy for loopback names (NO_PROXY) and reach the
         # sandbox's own loopback, never the host's: the rule could not work.
         raise ValueError(
-            f"{host} is the sandbox's own loopback; to reach a service on the host's loopback "
-            "declare it in [[host_services]] (corral exec --host-service NAME=PORT) and "
-            "connect to NAME.corral.internal:PORT"
+            f"{canonical} is the sandbox's own loopback; to reach a service on the host's "
+            "loopback declare it in [[host_services]] (corral exec --host-service NAME=PORT) "
+            "and connect to NAME.corral.internal:PORT"
         )
-    return canonical, (int(port_text),) if port_text else (80, 443)
+    return canonical, ports
 
 
 def _is_loopback(host: str) -> bool:
@@ -580,3 +587,13 @@ class BrokerConfig(BaseModel):
             return cls.model_validate_json(text)
         except ValueError as exc:
             raise ConfigError(f"invalid broker configuration: {exc}") from exc
+
+
+def check_allow_list(entries: tuple[str, ...]) -> tuple[str, ...]:
+    """A config file's `allow = [...]`, checked as `--allow` flags are (for a
+    pydantic validator: ValueError naming the bad entry, without the flag)."""
+    try:
+        BrokerConfig.from_allow_flags(entries)
+    except ConfigError as exc:
+        raise ValueError(str(exc).replace("--allow ", "")) from None
+    return entries

@@ -34,9 +34,8 @@ import pwd
 import re
 import socket
 import stat
-import struct
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +43,7 @@ from corral.broker.actions import Identity, Observation
 from corral.broker.config import BrokerConfig, RuleConfig
 from corral.broker.journal import GroupCommitJournal
 from corral.broker.livepolicy import rule_id
+from corral.broker.privdir import check_private_dir, make_private_dirs, peer_uid, short_path
 from corral.errors import BrokerError
 
 __all__ = [
@@ -70,39 +70,6 @@ def _user_name(uid: int) -> str:
         return str(uid)
 
 
-def _make_private_dirs(path: Path) -> None:
-    missing: list[Path] = []
-    p = path
-    while not os.path.lexists(p):
-        missing.append(p)
-        p = p.parent
-    for d in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(d, 0o700)
-    check_private_dir(path)
-    # A per-user base in a shared /tmp could have been made by someone else,
-    # who could then swap the directories below it.
-    for d in path.parents:
-        if d.name == f"corral-{os.getuid()}":
-            check_private_dir(d)
-
-
-def check_private_dir(path: Path) -> None:
-    """Refuse a control directory another uid could enter or replace (BrokerError)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        raise BrokerError(f"control directory {path}: {exc.strerror}") from exc
-    try:
-        st = os.fstat(fd)
-    finally:
-        os.close(fd)
-    if st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise BrokerError(
-            f"control directory {path} must be owned by uid {os.getuid()} with mode 0700"
-        )
-
-
 def run_control_dir(run_root: Path) -> Path:
     """Where a `corral run` run's brokers put their control sockets."""
     return run_root / "control"
@@ -123,30 +90,16 @@ def socket_name(session: str | None, env: str) -> str:
     return f"{stem}-{env}.sock"
 
 
-@contextlib.contextmanager
-def _short_path(path: Path) -> Iterator[str]:
-    # sun_path holds 108 bytes and run directories can be deeper: reach the
-    # directory through /proc/self/fd, which the kernel resolves at bind/connect.
-    if len(os.fsencode(path)) < 100:
-        yield str(path)
-        return
-    fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        yield f"/proc/self/fd/{fd}/{path.name}"
-    finally:
-        os.close(fd)
-
-
 def bind_control_socket(path: Path) -> socket.socket:
     """A listening 0600 unix socket at `path` in a private directory (stale file replaced)."""
-    _make_private_dirs(path.parent)
+    make_private_dirs(path.parent)
     with contextlib.suppress(FileNotFoundError):
         st = os.lstat(path)
         if not stat.S_ISSOCK(st.st_mode):
             raise BrokerError(f"{path} exists and is not a socket")
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            with _short_path(path) as where:
+            with short_path(path) as where:
                 probe.connect(where)
         except ConnectionRefusedError:
             # A SIGKILLed broker's leftover: nothing listens on it.
@@ -158,7 +111,7 @@ def bind_control_socket(path: Path) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)
     try:
-        with _short_path(path) as where:
+        with short_path(path) as where:
             sock.bind(where)
     except OSError as exc:
         sock.close()
@@ -169,12 +122,6 @@ def bind_control_socket(path: Path) -> socket.socket:
     sock.listen(8)
     sock.setblocking(False)
     return sock
-
-
-def _peer_uid(sock: socket.socket) -> int:
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", raw)
-    return int(uid)
 
 
 class ControlServer:
@@ -240,7 +187,7 @@ class ControlServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             raw_sock = writer.get_extra_info("socket")
-            uid = _peer_uid(raw_sock)
+            uid = peer_uid(raw_sock)
             if uid != os.getuid():
                 await self._journal.append(
                     self._row(uid, "deny", f"control connection from uid {uid} refused", {})
@@ -316,7 +263,7 @@ def request(path: Path, body: dict[str, Any], timeout_s: float = _TIMEOUT_S) -> 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout_s)
     try:
-        with _short_path(path) as where:
+        with short_path(path) as where:
             sock.connect(where)
         with contextlib.suppress(BrokenPipeError):
             # A refusing broker answers and closes before reading; its answer is queued.

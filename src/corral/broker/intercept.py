@@ -172,12 +172,8 @@ class _Intercepted(_ClientConnection):
     async def _refuse(
         self, action: Action, extra: dict[str, Any], status: int, rule: str, reason: str
     ) -> bool:
-        try:
-            await self._record(action, Decision("deny", rule, reason), extra, self.tunnel_obs)
-        except Exception as exc:
-            await self._deny(503, "journal-unavailable", f"journal write failed: {exc}")
-            return False
-        await self._deny(status, rule, reason)
+        if await self._journal_denial(action, rule, reason, extra, self.tunnel_obs):
+            await self._deny(status, rule, reason)
         return False
 
     async def _read_body(self) -> bytes:
@@ -355,12 +351,8 @@ async def refuse_plain_leak(
     if leak is None:
         return False
     reason = f"the placeholder of credential {leak} was sent over plain HTTP to {action.host}"
-    try:
-        await conn._record(action, Decision("deny", EXFILTRATION_RULE, reason), extra)
-    except Exception as exc:
-        await conn._deny(503, "journal-unavailable", f"journal write failed: {exc}")
-        return True
-    await conn._deny(403, EXFILTRATION_RULE, reason)
+    if await conn._journal_denial(action, EXFILTRATION_RULE, reason, extra):
+        await conn._deny(403, EXFILTRATION_RULE, reason)
     return True
 
 

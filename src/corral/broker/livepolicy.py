@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from corral.broker.config import RuleConfig, canonical_rule_host
+from corral.broker.config import RuleConfig, split_hostport
 from corral.broker.hosts import canonical_host
 from corral.errors import UsageError
 
@@ -69,22 +69,6 @@ def _refuse_private(rule: RuleConfig, allow_private: bool) -> RuleConfig:
     return rule
 
 
-def _split_hostport(text: str) -> tuple[str, tuple[int, ...]]:
-    port_text = ""
-    if text.startswith("["):
-        inner, sep, rest = text[1:].partition("]")
-        if not sep or (rest and not rest.startswith(":")):
-            raise ValueError("malformed bracketed IPv6 address")
-        host, port_text = inner, rest[1:]
-    elif text.count(":") >= 2:
-        host = text
-    else:
-        host, _, port_text = text.partition(":")
-    if port_text and not (port_text.isdigit() and 1 <= int(port_text) <= 65535):
-        raise ValueError(f"invalid port {port_text!r}")
-    return canonical_rule_host(host), (int(port_text),) if port_text else (80, 443)
-
-
 def parse_rule(text: str, *, allow_private: bool = False) -> RuleConfig:
     """The allow rule `text` names; UsageError (one line) when it is not one."""
     raw = text.strip()
@@ -96,7 +80,7 @@ def parse_rule(text: str, *, allow_private: bool = False) -> RuleConfig:
             data.setdefault("effect", "allow")
             rule = RuleConfig.model_validate(data)
         else:
-            host, ports = _split_hostport(raw)
+            host, ports = split_hostport(raw)
             rule = RuleConfig(host=host, ports=ports)
     except ValueError as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

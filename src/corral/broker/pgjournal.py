@@ -22,17 +22,17 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from corral.broker.journal import Journal
-from corral.errors import JournalError
+from corral.errors import CorralError, JournalError
 
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["ENV_SOURCE", "ENV_STORE", "TeeJournal", "open_journal"]
+__all__ = ["ENV_SOURCE", "ENV_STORE", "TeeJournal", "open_journal", "pg_connect"]
 
 ENV_STORE: Final = "CORRAL_JOURNAL_STORE"
 ENV_SOURCE: Final = "CORRAL_JOURNAL_SOURCE"
@@ -105,15 +105,24 @@ class TeeJournal(Journal):
         super().close()
 
 
-def _connect(url: str) -> psycopg.Connection[tuple[Any, ...]]:
+def pg_connect(
+    url: str, fail: Callable[[str], CorralError], *, what: str
+) -> psycopg.Connection[tuple[Any, ...]]:
+    """An autocommit connection to `url` (10 s to connect); `fail(message)` is
+    raised when psycopg is missing or the server cannot be reached. The fleet
+    store (corral.store.postgres) connects the same way."""
     try:
         import psycopg
     except ImportError as exc:
-        raise JournalError("the shared journal needs psycopg: install corral[postgresql]") from exc
+        raise fail(f"{what} needs psycopg: install corral[postgresql]") from exc
     try:
         return psycopg.connect(url, autocommit=True, connect_timeout=10)
     except psycopg.Error as exc:
-        raise JournalError(f"cannot reach the shared journal: {exc}".strip()) from exc
+        raise fail(f"cannot reach {what}: {exc}".strip()) from exc
+
+
+def _connect(url: str) -> psycopg.Connection[tuple[Any, ...]]:
+    return pg_connect(url, JournalError, what="the shared journal")
 
 
 def open_journal(

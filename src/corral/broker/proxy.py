@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Final
 import h11
 from pydantic import ValidationError
 
+from corral.broker import relay
 from corral.broker.actions import (
     Action,
     HttpRequest,
@@ -577,22 +578,32 @@ class _ClientConnection:
                 return await self._route_admitted(request, action, name, extra, budget)
         return await self._route_admitted(request, action, name, extra, budget)
 
-    async def _refuse_budget(self, action: ProviderCall, extra: dict[str, Any], why: str) -> bool:
+    async def _journal_denial(
+        self,
+        action: Action,
+        rule: str,
+        reason: str,
+        extra: dict[str, Any],
+        cause: int | None = None,
+    ) -> bool:
+        """Journal a denial before it is answered; True once the row is in. When
+        the journal cannot take it the client is answered 503 (fail closed)."""
         try:
-            await self._record(action, Decision("deny", BUDGET_RULE, why), extra)
+            await self._record(action, Decision("deny", rule, reason), extra, cause)
         except Exception as exc:
             await self._deny(503, "journal-unavailable", f"journal write failed: {exc}")
             return False
-        await self._deny(429, BUDGET_RULE, why)
+        return True
+
+    async def _refuse_budget(self, action: ProviderCall, extra: dict[str, Any], why: str) -> bool:
+        if await self._journal_denial(action, BUDGET_RULE, why, extra):
+            await self._deny(429, BUDGET_RULE, why)
         return False
 
     async def _refuse_body(self, action: Action, extra: dict[str, Any], declared: int) -> bool:
         limit = self.limits.max_body_bytes
         why = f"request body of {declared} bytes is over the {limit}-byte limit"
-        try:
-            await self._record(action, Decision("deny", BODY_LIMIT_RULE, why), extra)
-        except Exception as exc:
-            await self._deny(503, "journal-unavailable", f"journal write failed: {exc}")
+        if not await self._journal_denial(action, BODY_LIMIT_RULE, why, extra):
             return False
         # Clients send the whole body before reading the answer: drain what
         # was declared (bounded) so the 413 is read rather than reset.
@@ -959,23 +970,12 @@ class _ClientConnection:
         client = self.sock
         idle = self.limits.tunnel_idle_timeout_s
 
-        async def recv(sock: socket.socket) -> bytes:
-            if idle is None:
-                return await loop.sock_recv(sock, _RECV)
-            async with asyncio.timeout(idle):
-                return await loop.sock_recv(sock, _RECV)
+        def pump(src: socket.socket, dst: socket.socket, index: int) -> asyncio.Task[None]:
+            return asyncio.create_task(
+                relay.pump(src, dst, counts, index, idle_s=idle, bufsize=_RECV)
+            )
 
-        async def pump(src: socket.socket, dst: socket.socket, index: int) -> None:
-            while True:
-                data = await recv(src)
-                if not data:
-                    with contextlib.suppress(OSError):
-                        dst.shutdown(socket.SHUT_WR)
-                    return
-                counts[index] += len(data)
-                await loop.sock_sendall(dst, data)
-
-        down = asyncio.create_task(pump(upstream, client, 1))
+        down = pump(upstream, client, 1)
         try:
             if self.limits.sni_check:
                 refusal = await self._check_sni(action, obs_id, pending, client_closed)
@@ -990,13 +990,9 @@ class _ClientConnection:
                     upstream.shutdown(socket.SHUT_WR)
                 await down
                 return None
-            up = asyncio.create_task(pump(client, upstream, 0))
+            up = pump(client, upstream, 0)
             try:
-                done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_EXCEPTION)
-                for task in done:
-                    if task.exception() is not None:
-                        return repr(task.exception())
-                await asyncio.gather(up, down)
+                return await relay.first_failure(up, down)
             finally:
                 up.cancel()
                 await asyncio.gather(up, return_exceptions=True)

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from corral.broker.privdir import make_private_dirs, peer_uid, short_path
 from corral.errors import BrokerError
 
 __all__ = ["Attachment", "attach_resident", "resident_socket"]
@@ -70,53 +71,18 @@ def _code_stamp() -> str:
         return "0"
 
 
-def _private_dirs(path: Path) -> None:
-    """Create `path` and its missing parents 0700; refuse any another uid could enter."""
-    missing: list[Path] = []
-    p = path
-    while not os.path.lexists(p):
-        missing.append(p)
-        p = p.parent
-    for d in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(d, 0o700)
-    # The per-user base may sit in a shared /tmp, where anyone could have made it.
-    for d in (path, path.parent):
-        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            st = os.fstat(fd)
-        finally:
-            os.close(fd)
-        if st.st_uid != os.getuid() or st.st_mode & 0o077:
-            raise BrokerError(f"{d} must be owned by uid {os.getuid()} with mode 0700")
-
-
-def _peer_uid(sock: socket.socket) -> int:
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", raw)[1])
-
-
 def _connect(path: Path) -> socket.socket | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    dirfd: int | None = None
     try:
-        where = str(path)
-        if len(os.fsencode(path)) >= 100:
-            # sun_path holds 108 bytes: reach a deep directory through
-            # /proc/self/fd, which the kernel resolves at connect.
-            dirfd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-            where = f"/proc/self/fd/{dirfd}/{path.name}"
-        sock.connect(where)
+        with short_path(path) as where:
+            sock.connect(where)
     except (FileNotFoundError, ConnectionRefusedError):
         sock.close()
         return None
     except OSError as exc:
         sock.close()
         raise BrokerError(f"resident broker {path}: {exc.strerror or exc}") from exc
-    finally:
-        if dirfd is not None:
-            os.close(dirfd)
-    if _peer_uid(sock) != os.getuid():
+    if peer_uid(sock) != os.getuid():
         # The directory is private, so this means it was tampered with.
         sock.close()
         raise BrokerError(f"resident broker {path} is not run by uid {os.getuid()}")
@@ -287,7 +253,7 @@ def attach_resident(
         conn = _connect(path)
         if conn is None:
             try:
-                _private_dirs(path.parent)
+                make_private_dirs(path.parent)
             except OSError as exc:
                 raise BrokerError(f"resident broker directory {path.parent}: {exc}") from exc
             lock = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

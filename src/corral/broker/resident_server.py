@@ -49,6 +49,7 @@ from corral.broker.config import BrokerConfig
 from corral.broker.control import ControlServer, bind_control_socket
 from corral.broker.journal import GroupCommitJournal, Journal
 from corral.broker.policy import Policy
+from corral.broker.privdir import peer_uid
 from corral.broker.proxy import BrokerState, ProxyServer
 from corral.broker.server import _describe, _tls_context, prepare
 from corral.errors import BrokerError, ConfigError, CorralError
@@ -67,11 +68,6 @@ class ResidentOptions:
     socket: Path
     idle_s: float = 30.0
     ready_fd: int | None = None
-
-
-def _peer_uid(sock: socket.socket) -> int:
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", raw)[1])
 
 
 def _wake(fut: asyncio.Future[None]) -> None:
@@ -311,7 +307,7 @@ class _Resident:
     async def handle(self, conn: socket.socket) -> None:
         self.active += 1
         try:
-            if _peer_uid(conn) != os.getuid():
+            if peer_uid(conn) != os.getuid():
                 return
             await _Attachment(conn, self).run()
         except (OSError, CorralError) as exc:

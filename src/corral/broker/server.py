@@ -76,29 +76,32 @@ class ServeOptions:
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
 
+def _read_secret(ref: str, environ: Mapping[str, str], who: str, what: str) -> str:
+    """The value `ref` (`env:NAME` or `file:PATH`, first line) names, as a header
+    value; ConfigError starting with `who` when it is missing or unusable."""
+    source, where = parse_secret_ref(ref)
+    if source == "env":
+        value = environ.get(where)
+        if value is None:
+            raise ConfigError(f"{who}: ${where} is not set in the broker's environment")
+    else:
+        try:
+            with open(where, encoding="utf-8") as fh:
+                value = fh.readline().strip()
+        except OSError as exc:
+            raise ConfigError(f"{who}: cannot read {where}: {exc}") from exc
+    if not value or any(c in value for c in "\r\n\0"):
+        raise ConfigError(f"{who}: {what} is empty or not a header value")
+    return value
+
+
 def load_route_secrets(config: BrokerConfig, environ: Mapping[str, str]) -> dict[str, RouteSecrets]:
     """Read each route's injected credentials; ConfigError names a missing one."""
     out: dict[str, RouteSecrets] = {}
     for name, route in config.routes.items():
         inject: list[tuple[bytes, bytes]] = []
         for header, ref in route.inject_header.items():
-            source, where = parse_secret_ref(ref)
-            if source == "env":
-                value = environ.get(where)
-                if value is None:
-                    raise ConfigError(
-                        f"route {name}: ${where} is not set in the broker's environment"
-                    )
-            else:
-                try:
-                    with open(where, encoding="utf-8") as fh:
-                        value = fh.readline().strip()
-                except OSError as exc:
-                    raise ConfigError(f"route {name}: cannot read {where}: {exc}") from exc
-            if not value or any(c in value for c in "\r\n\0"):
-                raise ConfigError(
-                    f"route {name}: secret for {header} is empty or not a header value"
-                )
+            value = _read_secret(ref, environ, f"route {name}", f"secret for {header}")
             inject.append((header.encode("ascii"), value.encode("utf-8")))
         strip = frozenset(h.encode("ascii") for h in route.strip_headers)
         if route.meter_usage or route.token_budget is not None:
@@ -115,21 +118,7 @@ def load_credentials(config: BrokerConfig, environ: Mapping[str, str]) -> Creden
     for cred in config.credentials:
         if not cred.placeholder:
             raise ConfigError(f"credential {cred.name}: no placeholder was assigned")
-        source, where = parse_secret_ref(cred.value)
-        if source == "env":
-            value = environ.get(where)
-            if value is None:
-                raise ConfigError(
-                    f"credential {cred.name}: ${where} is not set in the broker's environment"
-                )
-        else:
-            try:
-                with open(where, encoding="utf-8") as fh:
-                    value = fh.readline().strip()
-            except OSError as exc:
-                raise ConfigError(f"credential {cred.name}: cannot read {where}: {exc}") from exc
-        if not value or any(c in value for c in "\r\n\0"):
-            raise ConfigError(f"credential {cred.name}: the value is empty or not a header value")
+        value = _read_secret(cred.value, environ, f"credential {cred.name}", "the value")
         items.append(
             Credential(
                 name=cred.name,

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from corral.broker.actions import Observation, ProcessEvent, TcpConnect
 from corral.broker.policy import Decision, decide
+from corral.broker.relay import first_failure, pump
 from corral.errors import BrokerError
 
 if TYPE_CHECKING:
@@ -280,31 +281,11 @@ async def _connect_and_relay(conn: _ClientConnection, action: TcpConnect, pendin
 async def _relay(
     conn: _ClientConnection, client: socket.socket, upstream: socket.socket, counts: list[int]
 ) -> str | None:
-    loop = asyncio.get_running_loop()
     idle = conn.limits.tunnel_idle_timeout_s
-
-    async def pump(src: socket.socket, dst: socket.socket, index: int) -> None:
-        while True:
-            if idle is None:
-                data = await loop.sock_recv(src, 65536)
-            else:
-                async with asyncio.timeout(idle):
-                    data = await loop.sock_recv(src, 65536)
-            if not data:
-                with contextlib.suppress(OSError):
-                    dst.shutdown(socket.SHUT_WR)
-                return
-            counts[index] += len(data)
-            await loop.sock_sendall(dst, data)
-
-    up = asyncio.create_task(pump(client, upstream, 0))
-    down = asyncio.create_task(pump(upstream, client, 1))
+    up = asyncio.create_task(pump(client, upstream, counts, 0, idle_s=idle, bufsize=65536))
+    down = asyncio.create_task(pump(upstream, client, counts, 1, idle_s=idle, bufsize=65536))
     try:
-        done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_EXCEPTION)
-        for task in done:
-            if task.exception() is not None:
-                return repr(task.exception())
-        await asyncio.gather(up, down)
+        return await first_failure(up, down)
     except (OSError, TimeoutError) as exc:
         return repr(exc)
     finally:

@@ -23,10 +23,15 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from corral.broker.config import BrokerConfig, HostServiceConfig, RouteConfig, parse_secret_ref
+from corral.broker.config import (
+    BrokerConfig,
+    HostServiceConfig,
+    RouteConfig,
+    check_allow_list,
+    parse_secret_ref,
+)
 from corral.broker.proxy_env import sandbox_proxy_env
 from corral.broker.tcp import sandbox_env_for
-from corral.errors import ConfigError
 from corral.sandbox.spec import SANDBOX_PROXY_PORT, NetworkSpec
 
 __all__ = ["EnvNetwork", "SecretSettings", "env_network", "missing_secrets", "secret_variable"]
@@ -51,11 +56,7 @@ class EnvNetwork(BaseModel):
     @field_validator("allow")
     @classmethod
     def _allow(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        try:
-            BrokerConfig.from_allow_flags(value)
-        except ConfigError as exc:
-            raise ValueError(str(exc).replace("--allow ", "")) from None
-        return value
+        return check_allow_list(value)
 
 
 class SecretSettings(BaseModel):

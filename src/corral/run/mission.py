@@ -247,13 +247,9 @@ class NetworkSettings(BaseModel):
     @field_validator("allow")
     @classmethod
     def _allow(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        from corral.broker.config import BrokerConfig
+        from corral.broker.config import check_allow_list
 
-        try:
-            BrokerConfig.from_allow_flags(value)
-        except ConfigError as exc:
-            raise ValueError(str(exc).replace("--allow ", "")) from None
-        return value
+        return check_allow_list(value)
 
     @model_validator(mode="after")
     def _together(self) -> NetworkSettings:

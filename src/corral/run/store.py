@@ -25,14 +25,14 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, Literal
 
 from corral.errors import CorralError, UsageError
-from corral.sqlrows import record
+from corral.sqlrows import Row, record
 
 __all__ = [
     "TERMINAL_RUN_STATES",
@@ -249,11 +249,13 @@ class RunLock:
         return False
 
 
-def _run(r: sqlite3.Row) -> RunRecord:
+def run_record(r: Row) -> RunRecord:
+    """A run row (the columns `RUN_COLS` names) as a record; both stores read it so."""
     return record(RunRecord, r, convert={"stop_requested": bool})
 
 
-def _session(r: sqlite3.Row) -> SessionRecord:
+def session_record(r: Row) -> SessionRecord:
+    """A session row (the columns `SESSION_COLS` names) as a record."""
     return record(
         SessionRecord,
         r,
@@ -265,13 +267,35 @@ def _session(r: sqlite3.Row) -> SessionRecord:
     )
 
 
-_SESSION_COLS: Final = (
+def check_result(r: Sequence[Any]) -> CheckResult:
+    """A `name, passed, reason, exit, duration_s, output` row as a result."""
+    return CheckResult(r[0], bool(r[1]), r[2], r[3], float(r[4]), r[5])
+
+
+def event_row(r: Sequence[Any]) -> tuple[str, int | None, str, dict[str, Any]]:
+    """A `time, session, kind, detail` row with its detail decoded."""
+    return (r[0], r[1], r[2], dict(json.loads(r[3])))
+
+
+def pause_interval(r: Sequence[Any]) -> tuple[float, float | None]:
+    """A `started_mono, ended_mono` row; end None while the pause lasts."""
+    return (float(r[0]), None if r[1] is None else float(r[1]))
+
+
+RUN_COLS: Final = (
+    "id, mission, state, agent, provider, max_sessions, created, updated, coordinator_pid,"
+    " stop_requested, end_reason, memory_cap, peak_memory, base_commit, last_commit"
+)
+SESSION_COLS: Final = (
     "n, state, phase, started, ended, end_reason, agent_exit, commit_sha, tokens, wall_s,"
     " agent_peak_memory, run_peak_memory, processes_killed, product_ready, checks_passed,"
     " checks_total, summary, broker_pid, detail"
 )
-_SESSION_FIELDS: Final = frozenset(_SESSION_COLS.replace(" ", "").split(","))
-_RUN_FIELDS: Final = frozenset(
+RUN_NAMES: Final = tuple(RUN_COLS.replace(" ", "").split(","))
+SESSION_NAMES: Final = tuple(SESSION_COLS.replace(" ", "").split(","))
+SESSION_FIELDS: Final = frozenset(SESSION_NAMES)
+#: The run columns a coordinator may update.
+RUN_FIELDS: Final = frozenset(
     {
         "state",
         "coordinator_pid",
@@ -344,17 +368,13 @@ class Store:
             )
 
     def run(self) -> RunRecord:
-        row = self._conn.execute(
-            "SELECT id, mission, state, agent, provider, max_sessions, created, updated,"
-            " coordinator_pid, stop_requested, end_reason, memory_cap, peak_memory,"
-            " base_commit, last_commit FROM run"
-        ).fetchone()
+        row = self._conn.execute(f"SELECT {RUN_COLS} FROM run").fetchone()
         if row is None:
             raise UsageError(f"{self.path}: no run recorded")
-        return _run(row)
+        return run_record(row)
 
     def update_run(self, **fields: object) -> None:
-        bad = set(fields) - _RUN_FIELDS
+        bad = set(fields) - RUN_FIELDS
         if bad:
             raise ValueError(f"unknown run fields {sorted(bad)}")
         cols = ", ".join(f"{k} = ?" for k in fields)
@@ -374,7 +394,7 @@ class Store:
             )
 
     def update_session(self, n: int, **fields: object) -> None:
-        bad = set(fields) - _SESSION_FIELDS
+        bad = set(fields) - SESSION_FIELDS
         if bad:
             raise ValueError(f"unknown session fields {sorted(bad)}")
         values = [json.dumps(v) if k == "detail" else v for k, v in fields.items()]
@@ -386,14 +406,14 @@ class Store:
         self.update_session(n, state=state, end_reason=end_reason, ended=now_iso(), **fields)
 
     def sessions(self) -> list[SessionRecord]:
-        rows = self._conn.execute(f"SELECT {_SESSION_COLS} FROM sessions ORDER BY n").fetchall()
-        return [_session(r) for r in rows]
+        rows = self._conn.execute(f"SELECT {SESSION_COLS} FROM sessions ORDER BY n").fetchall()
+        return [session_record(r) for r in rows]
 
     def session(self, n: int) -> SessionRecord | None:
         row = self._conn.execute(
-            f"SELECT {_SESSION_COLS} FROM sessions WHERE n = ?", (n,)
+            f"SELECT {SESSION_COLS} FROM sessions WHERE n = ?", (n,)
         ).fetchone()
-        return None if row is None else _session(row)
+        return None if row is None else session_record(row)
 
     def mark_interrupted(self) -> list[int]:
         """Sessions still `running` (their coordinator died) become `interrupted`."""
@@ -457,7 +477,7 @@ class Store:
             "SELECT started_mono, ended_mono FROM pauses WHERE boot = ? ORDER BY id",
             (_boot_id(),),
         ).fetchall()
-        return [(float(a), None if b is None else float(b)) for a, b in rows]
+        return [pause_interval(r) for r in rows]
 
     def paused_s(self, since: float, now: float) -> float:
         """Seconds of [since, now] (CLOCK_MONOTONIC) the run spent paused."""
@@ -484,7 +504,7 @@ class Store:
             " WHERE session = ? ORDER BY rowid",
             (n,),
         ).fetchall()
-        return [CheckResult(r[0], bool(r[1]), r[2], r[3], float(r[4]), r[5]) for r in rows]
+        return [check_result(r) for r in rows]
 
     # -- events -----------------------------------------------------------
     def event(self, kind: str, session: int | None = None, **detail: object) -> None:
@@ -498,7 +518,7 @@ class Store:
         rows = self._conn.execute(
             "SELECT time, session, kind, detail FROM events ORDER BY id"
         ).fetchall()
-        return [(r[0], r[1], r[2], dict(json.loads(r[3]))) for r in rows]
+        return [event_row(r) for r in rows]
 
     def integrity_ok(self) -> bool:
         return bool(self._conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok")

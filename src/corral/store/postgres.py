@@ -41,17 +41,30 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, LiteralString
+from typing import TYPE_CHECKING, Any, Final, LiteralString, Self
 
+from corral.broker.pgjournal import pg_connect
 from corral.errors import LeaseLostError, StoreError, UsageError
 from corral.run.store import (
+    RUN_COLS,
+    RUN_FIELDS,
+    RUN_NAMES,
+    SESSION_COLS,
+    SESSION_FIELDS,
+    SESSION_NAMES,
     CheckResult,
     RunRecord,
     SessionRecord,
     _boot_id,
+    check_result,
+    event_row,
     now_iso,
+    pause_interval,
     paused_seconds,
+    run_record,
+    session_record,
 )
+from corral.sqlrows import named
 from corral.store.testhook import pause_at
 
 if TYPE_CHECKING:
@@ -214,39 +227,10 @@ CREATE INDEX runs_claim ON runs (queued_at) WHERE state NOT IN
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
 
 _FINAL: Final = ("passed", "exhausted", "failed", "stopped")
-_RUN_COLS: Final = (
-    "id, mission, state, agent, provider, max_sessions, created, updated, coordinator_pid,"
-    " stop_requested, end_reason, memory_cap, peak_memory, base_commit, last_commit"
-)
-_SESSION_COLS: Final = (
-    "n, state, phase, started, ended, end_reason, agent_exit, commit_sha, tokens, wall_s,"
-    " agent_peak_memory, run_peak_memory, processes_killed, product_ready, checks_passed,"
-    " checks_total, summary, broker_pid, detail"
-)
-_SESSION_FIELDS: Final = frozenset(_SESSION_COLS.replace(" ", "").split(","))
-_RUN_FIELDS: Final = frozenset(
-    {
-        "state",
-        "coordinator_pid",
-        "stop_requested",
-        "end_reason",
-        "peak_memory",
-        "base_commit",
-        "last_commit",
-    }
-)
 
 
 def _connect(url: str) -> psycopg.Connection[tuple[Any, ...]]:
-    try:
-        import psycopg
-    except ImportError as exc:
-        raise StoreError("--store postgresql needs psycopg: install corral[postgresql]") from exc
-
-    try:
-        return psycopg.connect(url, autocommit=True, connect_timeout=10)
-    except psycopg.Error as exc:
-        raise StoreError(f"cannot connect to the store: {exc}".strip()) from exc
+    return pg_connect(url, StoreError, what="the store (--store postgresql)")
 
 
 def _current_version(conn: psycopg.Connection[tuple[Any, ...]]) -> int | None:
@@ -352,70 +336,33 @@ class QueuedRun:
 
 
 def _run_record(r: Sequence[Any]) -> RunRecord:
-    return RunRecord(
-        id=r[0],
-        mission=r[1],
-        state=r[2],
-        agent=r[3],
-        provider=r[4],
-        max_sessions=int(r[5]),
-        created=r[6],
-        updated=r[7],
-        coordinator_pid=r[8],
-        stop_requested=bool(r[9]),
-        end_reason=r[10],
-        memory_cap=int(r[11]),
-        peak_memory=int(r[12]),
-        base_commit=r[13],
-        last_commit=r[14],
-    )
+    return run_record(named(RUN_NAMES, r))
 
 
 def _session_record(r: Sequence[Any]) -> SessionRecord:
-    return SessionRecord(
-        n=int(r[0]),
-        state=r[1],
-        phase=r[2],
-        started=r[3],
-        ended=r[4],
-        end_reason=r[5],
-        agent_exit=r[6],
-        commit_sha=r[7],
-        tokens=int(r[8]),
-        wall_s=float(r[9]),
-        agent_peak_memory=int(r[10]),
-        run_peak_memory=int(r[11]),
-        processes_killed=int(r[12]),
-        product_ready=None if r[13] is None else bool(r[13]),
-        checks_passed=int(r[14]),
-        checks_total=int(r[15]),
-        summary=r[16],
-        broker_pid=r[17],
-        detail=dict(json.loads(r[18])),
-    )
+    return session_record(named(SESSION_NAMES, r))
 
 
-class PgFleet:
-    """The shared store: queue, leases, and access to each run's state and journal."""
+class _PgConnection:
+    """One connection, serialised by a lock; `_tx()` is one committed transaction.
+
+    `_in_tx` runs first inside every transaction (PgRunStore's lease fence)."""
 
     def __init__(self, url: str) -> None:
-        self.url = url
         self._conn = _connect(url)
-        self._lock = threading.Lock()
-        try:
-            migrate(self._conn)
-        except BaseException:
-            self._conn.close()
-            raise
+        self._lock = threading.RLock()
 
     def close(self) -> None:
         self._conn.close()
 
-    def __enter__(self) -> PgFleet:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _in_tx(self, c: psycopg.Connection[tuple[Any, ...]]) -> None:
+        pass
 
     @contextmanager
     def _tx(self) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
@@ -424,9 +371,23 @@ class PgFleet:
         with self._lock:
             try:
                 with self._conn.transaction():
+                    self._in_tx(self._conn)
                     yield self._conn
             except psycopg.Error as exc:
                 raise StoreError(f"store write failed: {exc}") from exc
+
+
+class PgFleet(_PgConnection):
+    """The shared store: queue, leases, and access to each run's state and journal."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        super().__init__(url)
+        try:
+            migrate(self._conn)
+        except BaseException:
+            self._conn.close()
+            raise
 
     def submit(
         self, record: RunRecord, *, files: bytes, git_bundle: bytes, state: str = "queued"
@@ -434,7 +395,7 @@ class PgFleet:
         """Queue a run made by `create_run` (its frozen files and its git) for any worker."""
         with self._tx() as c:
             c.execute(
-                f"INSERT INTO runs ({_RUN_COLS}, files, git_bundle) VALUES"
+                f"INSERT INTO runs ({RUN_COLS}, files, git_bundle) VALUES"
                 " (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)".encode(),
                 (
                     record.id,
@@ -526,7 +487,7 @@ class PgFleet:
     def runs(self) -> list[QueuedRun]:
         with self._tx() as c:
             rows = c.execute(
-                f"SELECT {_RUN_COLS}, lease_owner,"
+                f"SELECT {RUN_COLS}, lease_owner,"
                 " coalesce(lease_expires >= clock_timestamp(), false), takeovers"
                 " FROM runs ORDER BY queued_at, id".encode()
             ).fetchall()
@@ -565,7 +526,7 @@ class PgFleet:
         return PgJournal(self.url)
 
 
-class PgRunStore:
+class PgRunStore(_PgConnection):
     """`RunStateStore` of one run in PostgreSQL; each call one committed transaction.
 
     `lease`: writes are fenced by it (LeaseLostError once it is not ours).
@@ -587,30 +548,11 @@ class PgRunStore:
         self._lease = lease
         self._bundle = bundle
         self._mirror = mirror
-        self._conn = _connect(url)
-        self._lock = threading.RLock()
+        super().__init__(url)
 
-    def close(self) -> None:
-        self._conn.close()
-
-    def __enter__(self) -> PgRunStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @contextmanager
-    def _tx(self) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
-        import psycopg
-
-        with self._lock:
-            try:
-                with self._conn.transaction():
-                    if self._lease is not None:
-                        self._fence(self._conn, self._lease)
-                    yield self._conn
-            except psycopg.Error as exc:
-                raise StoreError(f"store write failed: {exc}") from exc
+    def _in_tx(self, c: psycopg.Connection[tuple[Any, ...]]) -> None:
+        if self._lease is not None:
+            self._fence(c, self._lease)
 
     @staticmethod
     def _fence(c: psycopg.Connection[tuple[Any, ...]], lease: Lease) -> None:
@@ -659,13 +601,13 @@ class PgRunStore:
             )
 
     def run(self) -> RunRecord:
-        rows = self._read(f"SELECT {_RUN_COLS} FROM runs WHERE id = %s", (self.run_id,))
+        rows = self._read(f"SELECT {RUN_COLS} FROM runs WHERE id = %s", (self.run_id,))
         if not rows:
             raise UsageError(f"no run {self.run_id!r} in the store")
         return _run_record(rows[0])
 
     def update_run(self, **fields: object) -> None:
-        bad = set(fields) - _RUN_FIELDS
+        bad = set(fields) - RUN_FIELDS
         if bad:
             raise ValueError(f"unknown run fields {sorted(bad)}")
         values = list(fields.values())
@@ -706,7 +648,7 @@ class PgRunStore:
             self._event(c, "session_start", n, "{}")
 
     def update_session(self, n: int, **fields: object) -> None:
-        bad = set(fields) - _SESSION_FIELDS
+        bad = set(fields) - SESSION_FIELDS
         if bad:
             raise ValueError(f"unknown session fields {sorted(bad)}")
         values = [json.dumps(v) if k == "detail" else v for k, v in fields.items()]
@@ -724,13 +666,13 @@ class PgRunStore:
 
     def sessions(self) -> list[SessionRecord]:
         rows = self._read(
-            f"SELECT {_SESSION_COLS} FROM sessions WHERE run = %s ORDER BY n", (self.run_id,)
+            f"SELECT {SESSION_COLS} FROM sessions WHERE run = %s ORDER BY n", (self.run_id,)
         )
         return [_session_record(r) for r in rows]
 
     def session(self, n: int) -> SessionRecord | None:
         rows = self._read(
-            f"SELECT {_SESSION_COLS} FROM sessions WHERE run = %s AND n = %s", (self.run_id, n)
+            f"SELECT {SESSION_COLS} FROM sessions WHERE run = %s AND n = %s", (self.run_id, n)
         )
         return _session_record(rows[0]) if rows else None
 
@@ -739,7 +681,7 @@ class PgRunStore:
         out: list[int] = []
         with self._tx() as c:
             rows = c.execute(
-                f"SELECT {_SESSION_COLS}, worker FROM sessions WHERE run = %s AND state = 'running'"
+                f"SELECT {SESSION_COLS}, worker FROM sessions WHERE run = %s AND state = 'running'"
                 " FOR UPDATE".encode(),
                 (self.run_id,),
             ).fetchall()
@@ -824,7 +766,7 @@ class PgRunStore:
             "SELECT started_mono, ended_mono FROM pauses WHERE run = %s AND boot = %s ORDER BY id",
             (self.run_id, _boot_id()),
         )
-        return [(float(a), None if b is None else float(b)) for a, b in rows]
+        return [pause_interval(r) for r in rows]
 
     def paused_s(self, since: float, now: float) -> float:
         return paused_seconds(self.pause_intervals(), since, now)
@@ -863,7 +805,7 @@ class PgRunStore:
             " WHERE run = %s AND session = %s ORDER BY ord",
             (self.run_id, n),
         )
-        return [CheckResult(r[0], bool(r[1]), r[2], r[3], float(r[4]), r[5]) for r in rows]
+        return [check_result(r) for r in rows]
 
     # -- events -----------------------------------------------------------
     def event(self, kind: str, session: int | None = None, **detail: object) -> None:
@@ -875,7 +817,7 @@ class PgRunStore:
             "SELECT time, session, kind, detail FROM events WHERE run = %s ORDER BY id",
             (self.run_id,),
         )
-        return [(r[0], r[1], r[2], dict(json.loads(r[3]))) for r in rows]
+        return [event_row(r) for r in rows]
 
     def integrity_ok(self) -> bool:
         return bool(self._read("SELECT 1 FROM runs WHERE id = %s", (self.run_id,)))
@@ -937,12 +879,8 @@ def mirror_rows(c: psycopg.Connection[tuple[Any, ...]], path: Path, source: str)
     return len(rows)
 
 
-class PgJournal:
+class PgJournal(_PgConnection):
     """`JournalSink` on PostgreSQL: `commit()` returns once the rows are committed."""
-
-    def __init__(self, url: str) -> None:
-        self._conn = _connect(url)
-        self._lock = threading.Lock()
 
     def commit(
         self, observations: Sequence[tuple[Any, ...]], outcomes: Sequence[tuple[Any, ...]]
@@ -987,6 +925,3 @@ class PgJournal:
                 return cur.fetchall() if cur.description else []
             except psycopg.Error as exc:
                 raise JournalError(f"journal statement refused: {exc}") from exc
-
-    def close(self) -> None:
-        self._conn.close()

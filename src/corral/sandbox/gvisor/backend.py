@@ -46,7 +46,7 @@ from corral.sandbox.backend import GVisorConfig, SandboxNet
 from corral.sandbox.bwrap import StagedBind
 from corral.sandbox.cgroup import Cgroup, CgroupLayout, detect_layout, sweep_stale
 from corral.sandbox.gvisor import bundle as bd
-from corral.sandbox.gvisor.ps import Located, leftover_count, sandbox_pid1
+from corral.sandbox.gvisor.ps import Located, leftover_count, runsc_argv, sandbox_pid1
 from corral.sandbox.gvisor.stdio import StdioRelay
 from corral.sandbox.handle import CgroupProcessHandle
 from corral.sandbox.namespace import (
@@ -599,23 +599,17 @@ def _await_holder(ready_r: int, proc: subprocess.Popen[bytes], log: str) -> None
 
 def exec_argv(target: Located, pid1: int, process_json: str, log_file: str) -> list[str]:
     """`runsc exec` of the command beside the holder, in runsc's namespaces (pure)."""
-    return [
-        _which("nsenter") or "/usr/bin/nsenter",
-        "-t",
-        str(pid1),
-        "-n",
-        "-p",
-        "-m",
+    return runsc_argv(
         target.runsc,
-        "--root",
         target.state_dir,
-        "--ignore-cgroups",
+        pid1,
         f"--log={log_file}",
         "exec",
         "--process",
         process_json,
         target.container_id,
-    ]
+        nsenter=_which("nsenter") or "/usr/bin/nsenter",
+    )
 
 
 def _exec_command(

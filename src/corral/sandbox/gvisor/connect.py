@@ -28,6 +28,7 @@ import subprocess
 import threading
 from dataclasses import dataclass
 
+from corral.sandbox.gvisor.ps import runsc_argv
 from corral.sandbox.namespace import set_pdeathsig
 
 __all__ = [
@@ -118,17 +119,10 @@ def forwarder_argv(
     `listen_to`, the LISTENER relaying the sandbox's `port` to `listen_to`:`port`."""
     user = f"{target.uid}:{target.gid}" if listen_to is None else "0:0"
     code = FORWARDER if listen_to is None else LISTENER
-    return [
-        "nsenter",
-        "-t",
-        str(pid1),
-        "-n",
-        "-p",
-        "-m",
+    return runsc_argv(
         target.runsc,
-        "--root",
         target.state_dir,
-        "--ignore-cgroups",
+        pid1,
         "exec",
         "--user",
         user,
@@ -142,7 +136,7 @@ def forwarder_argv(
         code,
         str(port),
         *(() if listen_to is None else (listen_to,)),
-    ]
+    )
 
 
 def _pid1(holder: int) -> int:

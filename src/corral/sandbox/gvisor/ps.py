@@ -28,6 +28,7 @@ __all__ = [
     "parse_ps",
     "parse_ps_table",
     "ps_argv",
+    "runsc_argv",
     "sandbox_pid1",
 ]
 
@@ -74,26 +75,33 @@ def sandbox_pid1(holder: int) -> int | None:
     return kids[0] if kids else None
 
 
-def ps_argv(target: Located, pid1: int, *, table: bool = False) -> list[str]:
-    """`runsc ps` for one sandbox, in its namespaces (pure); `table`: runsc's
-    UID PID PPID ... table instead of the JSON list of pids."""
-    fmt = "table" if table else "json"
+def runsc_argv(
+    runsc: str, state_dir: str, pid1: int, *args: str, nsenter: str = "nsenter"
+) -> list[str]:
+    """`runsc --root state_dir ARGS` run in the network, pid and mount namespaces of
+    host pid `pid1`, where runsc's sandbox was started (pure)."""
     return [
-        "nsenter",
+        nsenter,
         "-t",
         str(pid1),
         "-n",
         "-p",
         "-m",
-        target.runsc,
+        runsc,
         "--root",
-        target.state_dir,
+        state_dir,
         "--ignore-cgroups",
-        "ps",
-        "--format",
-        fmt,
-        target.container_id,
+        *args,
     ]
+
+
+def ps_argv(target: Located, pid1: int, *, table: bool = False) -> list[str]:
+    """`runsc ps` for one sandbox, in its namespaces (pure); `table`: runsc's
+    UID PID PPID ... table instead of the JSON list of pids."""
+    fmt = "table" if table else "json"
+    return runsc_argv(
+        target.runsc, target.state_dir, pid1, "ps", "--format", fmt, target.container_id
+    )
 
 
 def parse_ps(out: bytes) -> list[int] | None:

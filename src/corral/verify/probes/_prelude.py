@@ -11,6 +11,7 @@ prints CORRAL-START first (the host's proof that the probe started) and defines:
 - read(path), show(label, text): read files and print only canary lines;
 - sysc(name, *args) -> (ret, errno): raw syscalls by name (x86_64, aarch64);
 - tcp/udp/unix/http/ping helpers, proxy() (from the environment, ignoring no_proxy);
+- tls_tunnel_secret(label, sni): B's secret asked inside a TLS tunnel to A (M3 probes);
 - sleeper(secs): argv of a marker-carrying sleeping process; detach(argv).
 """
 
@@ -227,6 +228,45 @@ def connect_tunnel(host, port, inner):
         return head + b"".join(chunks), None
     except OSError as e:
         return None, errname(e.errno or 0)
+
+
+def tls_tunnel_secret(label, sni=None):
+    """Through a CONNECT tunnel to http_a, a TLS session (server name `sni`, unverified,
+    if given; else http_a's, verified) asking for B's secret by its Host header. Bare
+    host: straight to B."""
+    import ssl
+    px = proxy()
+    b = "127.0.0.1:%d" % P["http_b_port"]
+    if not px:
+        r, e = tcp("127.0.0.1", P["http_b_port"], b_req(b))
+        net_report(label, r, e)
+        return
+    try:
+        s = socket.create_connection((px[0], px[1]), timeout=5)
+        s.sendall(("CONNECT %s:%d HTTP/1.1\r\nHost: %s:%d\r\n\r\n" % (
+            P["http_a_host"], P["http_a_port"], P["http_a_host"], P["http_a_port"])).encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = s.recv(1)
+            if not chunk:
+                break
+            head += chunk
+        ctx = ssl.create_default_context()
+        if sni is not None:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        t = ctx.wrap_socket(s, server_hostname=sni or P["http_a_host"])
+        t.sendall(("GET /secret/%s HTTP/1.1\r\nHost: %s\r\n"
+                   "Connection: close\r\n\r\n" % (MARKER, b)).encode())
+        r = b""
+        while True:
+            chunk = t.recv(65536)
+            if not chunk:
+                break
+            r += chunk
+        net_report(label, r, None)
+    except (OSError, ssl.SSLError) as e:
+        net_report(label, None, e)
 
 
 def udp(host, port, payload, family=socket.AF_INET, timeout=1.5):

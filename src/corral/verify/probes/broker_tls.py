@@ -50,36 +50,7 @@ PROBES: list[Probe] = [
         "inside an intercepted TLS tunnel to the allowed destination, a request whose Host "
         "header names the forbidden loopback service",
         code("""
-          import ssl
-          px = proxy()
-          b = "127.0.0.1:%d" % P["http_b_port"]
-          if px:
-              try:
-                  s = socket.create_connection((px[0], px[1]), timeout=5)
-                  s.sendall(("CONNECT %s:%d HTTP/1.1\\r\\nHost: %s:%d\\r\\n\\r\\n" % (
-                      P["http_a_host"], P["http_a_port"], P["http_a_host"],
-                      P["http_a_port"])).encode())
-                  head = b""
-                  while b"\\r\\n\\r\\n" not in head:
-                      chunk = s.recv(1)
-                      if not chunk:
-                          break
-                      head += chunk
-                  t = ssl.create_default_context().wrap_socket(s, server_hostname=P["http_a_host"])
-                  t.sendall(("GET /secret/%s HTTP/1.1\\r\\nHost: %s\\r\\n"
-                             "Connection: close\\r\\n\\r\\n" % (MARKER, b)).encode())
-                  r = b""
-                  while True:
-                      chunk = t.recv(65536)
-                      if not chunk:
-                          break
-                      r += chunk
-                  net_report("fronted request", r, None)
-              except (OSError, ssl.SSLError) as e:
-                  net_report("fronted request", None, e)
-          else:
-              r, e = tcp("127.0.0.1", P["http_b_port"], b_req(b))
-              net_report("fronted request", r, e)
+          tls_tunnel_secret("fronted request")
           """),
         # Denied only when B saw nothing *and* the broker journaled the mismatch.
         AnyOf((HitLogged(("http_b",)), SecretSeen(("http_b",)), JournalHas(("host-mismatch",)))),
