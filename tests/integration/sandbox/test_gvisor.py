@@ -291,7 +291,12 @@ def test_broker_death_is_no_egress(workspace: Path, tmp_path: Path) -> None:
         "-c",
         script + PROXY_GET,
     )
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+    # This test kills the exec's own broker process; the resident broker's death
+    # has its own tests (tests/integration/broker/test_resident.py).
+    env = {**os.environ, "CORRAL_BROKER": "cold"}
+    with subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    ) as proc:
         assert wait_for((workspace / "ready").exists, timeout=30)
         brokers = [
             p
