@@ -68,7 +68,8 @@ def probe_ready(
         finally:
             sock.close()
         time.sleep(0.1)
-    return False, f"not ready after {timeout_s:g}s ({last})"
+    # `timeout_s` may be what is left of a shared budget (1.9997...): say it as set.
+    return False, f"not ready after {round(timeout_s, 1):g}s ({last})"
 
 
 class PortForwarder:

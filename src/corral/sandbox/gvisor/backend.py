@@ -483,15 +483,21 @@ class GVisorBackend:
             relay = StdioRelay(stdio or (None, None, None))
             ready_r, ready_w = os.pipe()
             fds += [ready_r, ready_w]
+            # The holder's stdio are pipes, never a host file: runsc re-owns
+            # the container's stdio descriptors, and a host /dev/null handed
+            # to it came back owned by nobody and re-moded from inside.
+            hold_in, hold_in_w = os.pipe()
+            os.close(hold_in_w)
+            fds.append(hold_in)
             try:
                 # preexec_fn: raw syscalls only (see NamespaceSandbox.start).
                 # runsc's own errors go to its --log; the holder's stdout
                 # says when the sandbox runs.
                 proc = subprocess.Popen(
                     argv,
-                    stdin=subprocess.DEVNULL,
+                    stdin=hold_in,
                     stdout=ready_w,
-                    stderr=subprocess.DEVNULL,
+                    stderr=ready_w,
                     env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
                     preexec_fn=child_setup,  # noqa: PLW1509
                     close_fds=True,
