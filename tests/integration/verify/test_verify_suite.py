@@ -124,7 +124,9 @@ def test_mission_probes_are_not_applicable_without_run_environments(tmp_path: Pa
     reqs = report["requirements"]
     assert isinstance(reqs, dict) and reqs["M12"] == reqs["U9"] == reqs["M6"] == "not-applicable"
     not_run = report["not_run"]
-    assert isinstance(not_run, list) and len(not_run) == 5
+    # use-product-port, the four hostint-verifier-* (browser-check hijack included)
+    # and hostint-run-planted-traps.
+    assert isinstance(not_run, list) and len(not_run) == 6
     assert all("run environments" in s["reason"] for s in not_run)
 
 
