@@ -101,7 +101,9 @@ def test_mission_probes_meet_verifier_integrity_and_the_product_port(tmp_path: P
     assert reqs["M12"] == "met" and reqs["U9"] == "met", (reasons["M12"], reasons["U9"])
     assert reqs["M6"] == "met", reasons["M6"]
     probes = report["probes"]
-    assert isinstance(probes, list) and len(probes) == 5
+    # four hostint-verifier-* (browser-check hijack included), use-product-port,
+    # hostint-run-planted-traps
+    assert isinstance(probes, list) and len(probes) == 6
     assert all(p["verdict"] == "ok" for p in probes), _lines(report, "unexpected")
 
 
