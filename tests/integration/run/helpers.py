@@ -199,3 +199,15 @@ def env_with(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(extra)
     return env
+
+
+def vm_hwm(pid: int) -> int:
+    """A process's peak resident memory (VmHWM) in bytes, from the kernel; 0 once it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0
+    for line in text.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0

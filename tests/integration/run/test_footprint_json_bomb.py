@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from corral.broker.journal import read_rows
-from tests.integration.run.helpers import new_id, start_corral, write_mission
+from tests.integration.run.helpers import new_id, start_corral, vm_hwm, write_mission
 
 pytestmark = [
     pytest.mark.requires_sandbox,
@@ -54,17 +54,6 @@ conversations:
 """
 
 
-def _hwm(pid: int) -> int:
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0
-    for line in text.splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
 def test_json_bombs_from_a_sandbox_get_413_and_the_coordinator_stays_small(
     tmp_path: Path,
 ) -> None:
@@ -78,7 +67,7 @@ def test_json_bombs_from_a_sandbox_get_413_and_the_coordinator_stays_small(
     peak = 0
     while proc.poll() is None:
         # VmHWM is the kernel's high-water mark: the last value read is the peak so far.
-        peak = max(peak, _hwm(proc.pid))
+        peak = max(peak, vm_hwm(proc.pid))
         time.sleep(0.05)
     run_dir = runs / rid
     assert (run_dir / "workspace" / "bomb-status").read_text() == "413 413"

@@ -33,12 +33,12 @@ from tests.integration.run.helpers import (
     new_id,
     run_cgroup,
     start_corral,
+    vm_hwm,
     wait_for,
 )
 from tests.integration.run.test_run_helpers import (
     _finish,
     _helpers_of,
-    _hwm,
     _peak_file,
     _read_int,
     _run,
@@ -130,7 +130,7 @@ def test_a_flooded_forward_is_charged_to_the_run_not_to_the_coordinator(tmp_path
     seen = False
     try:
         while proc.poll() is None:
-            coord_peak = max(coord_peak, _hwm(proc.pid))
+            coord_peak = max(coord_peak, vm_hwm(proc.pid))
             fwd = _read_int(_peak_file(rid, "forward"))
             if not base_fwd and in_phase(run_dir, 1, "agent"):
                 # The helper said ready before the first session: its
@@ -139,7 +139,7 @@ def test_a_flooded_forward_is_charged_to_the_run_not_to_the_coordinator(tmp_path
             if not seen and _forwards(run_dir) >= 1:
                 # The coordinator's own check work (sandboxes, probes) is done.
                 seen = True
-                base_coord = _hwm(proc.pid)
+                base_coord = vm_hwm(proc.pid)
             fwd_peak = max(fwd_peak, fwd)
             time.sleep(0.05)
     finally:
@@ -243,10 +243,10 @@ def test_hostile_mcp_bodies_are_charged_to_the_run_not_to_the_coordinator(
     base_coord = base_mcp = mcp_peak = coord_peak = 0
     try:
         while proc.poll() is None:
-            coord_peak = max(coord_peak, _hwm(proc.pid))
+            coord_peak = max(coord_peak, vm_hwm(proc.pid))
             if not seen and armed.exists():
                 seen = True
-                base_coord = _hwm(proc.pid)
+                base_coord = vm_hwm(proc.pid)
                 base_mcp = _read_int(_peak_file(rid, "mcp"))
             if seen:
                 mcp_peak = max(mcp_peak, _read_int(_peak_file(rid, "mcp")))

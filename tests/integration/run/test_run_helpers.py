@@ -37,6 +37,7 @@ from tests.integration.run.helpers import (
     new_id,
     run_cgroup,
     start_corral,
+    vm_hwm,
     wait_for,
     write_mission,
 )
@@ -78,17 +79,6 @@ conversations:
       - calls: [{shell: "python3 bomb.py"}]
       - say: "done"
 """
-
-
-def _hwm(pid: int) -> int:
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0
-    for line in text.splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def _maps(pid: int) -> str:
@@ -160,11 +150,11 @@ def test_json_bombs_are_charged_to_the_run_not_to_the_coordinator(tmp_path: Path
     try:
         while proc.poll() is None:
             # Both are kernel high-water marks: the last value read is the peak so far.
-            coord_peak = max(coord_peak, _hwm(proc.pid))
+            coord_peak = max(coord_peak, vm_hwm(proc.pid))
             if not seen and armed.exists():
                 # Before the first bomb (the agent sleeps after arming).
                 seen = True
-                base_coord = _hwm(proc.pid)
+                base_coord = vm_hwm(proc.pid)
                 base_provider = _read_int(_peak_file(rid, "provider"))
             if seen:
                 provider_peak = max(provider_peak, _read_int(_peak_file(rid, "provider")))
