@@ -4,7 +4,8 @@
 namespace and returns its `stop`; `on_connect(target)` journals each
 connection before it is relayed, and if it raises the connection is refused
 (fail closed). The listener is handed to the helper with SCM_RIGHTS and
-closed here; the bytes are relayed there, charged to the run's `helpers-forward` cgroup.
+closed here; the bytes are relayed there, charged to the run's
+`helpers-forward` cgroup.
 
 What the coordinator still does per connection is O(1): read one bounded
 request from its control socket, journal, and say "dial". A product whose
