@@ -148,14 +148,18 @@ class _Relay:
                 # Stuck in the product's namespace: nothing more made here may land there.
                 os._exit(125)
             return None
+        connected = False
         try:
             # Before connect(): the window is negotiated from the receive buffer.
             _bound(sock)
             sock.setblocking(False)
             await asyncio.wait_for(self._loop.sock_connect(sock, ("127.0.0.1", port)), _DIAL_S)
+            connected = True
         except (OSError, TimeoutError):
-            sock.close()
             return None
+        finally:
+            if not connected:
+                sock.close()
         return sock
 
     async def _serve(
