@@ -365,12 +365,20 @@ def _session_cgroup(memory: str | None, stack: contextlib.ExitStack) -> RunCgrou
     if cg is None:
         raise AgentError("layer run cgroup: no cgroup hierarchy for the session's MCP gateway")
     cap = (parse_size(memory) if memory is not None else 4 << 30) + _SESSION_HEADROOM
+    # Before create(): whatever part of it gets made is removed.
+    stack.callback(_sweep, cg)
     try:
         cg.create(cap)
     except CgroupError as exc:
         raise AgentError(f"layer run cgroup: {exc}") from exc
-    stack.callback(cg.sweep)
     return cg
+
+
+def _sweep(cg: RunCgroup) -> None:
+    from corral.errors import CorralError
+
+    with contextlib.suppress(CorralError, OSError):
+        cg.sweep()
 
 
 def agent_exec_spec(

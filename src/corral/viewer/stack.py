@@ -131,11 +131,12 @@ class ViewStack:
             own = RunCgroup.detect(f"view-{secrets.token_hex(6)}")
             if own is None:
                 raise HelperError("layer run cgroup: no cgroup hierarchy for the view's forward")
+            # Ours from here: `close()` sweeps whatever part of it was made.
+            self._own_cg = own
             cap = (plan.product.limits.memory_bytes or 1 << 30) + plan.limits.memory_bytes
             own.create(cap + _HELPER_HEADROOM)
         except CgroupError as exc:
             raise HelperError(f"layer run cgroup: {exc}") from exc
-        self._own_cg = own
         return own
 
     @property
