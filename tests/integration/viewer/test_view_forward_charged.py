@@ -119,3 +119,18 @@ def test_a_flooded_view_forward_is_charged_to_the_run(tmp_path: Path) -> None:
             stack.close()
     finally:
         cg.sweep()
+
+
+def test_a_view_whose_run_cgroup_is_gone_is_refused_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    """Fail closed: no run cgroup to charge the forward to, no view (and no sandbox)."""
+    from corral.errors import HelperError
+
+    (tmp_path / "scratch").mkdir()
+    spec = product_spec(tmp_path / "scratch", "server.py")
+    plan = ViewPlan(spec, PORT, None, 15.0, tmp_path / "viewer", run_cgroup=new_id())
+    be = load_backend(backend_config("namespace"))
+    with pytest.raises(HelperError, match="layer run cgroup"):
+        ViewStack(plan, product_backend=be, viewer_backend=be, on_forward=lambda _t: None)
+    assert not (tmp_path / "scratch" / "stdout.log").exists()  # the product never started
