@@ -56,6 +56,7 @@ from corral.broker.mcp_policy import McpPolicy
 from corral.errors import AgentError, UsageError
 
 if TYPE_CHECKING:
+    from corral.run.runcg import RunCgroup
     from corral.sandbox.spec import SandboxSpec
 
 __all__ = ["AgentRun", "agent_exec_spec", "default_state_dir", "run_agent"]
@@ -293,6 +294,7 @@ def _sandboxed(
         broker = BrokerConfig(routes={choice.route: route})
         if upstream is not None:
             broker = upstream.apply(broker, choice.route)
+        run_cg = _session_cgroup(memory, stack) if mcp is not None and mcp.servers else None
         plan = SessionPlan(
             agent=adapter,
             request=request,
@@ -305,7 +307,9 @@ def _sandboxed(
             mcp_dir=state / "mcp",
             wall_s=timeout_s,
             mcp=mcp,
-            run_cgroup=None,
+            # With one, the MCP gateway is a helper in it (`corral run`'s), charged there.
+            parent_cgroup=run_cg.relpath if run_cg is not None else "corral",
+            run_cgroup=run_cg.key if run_cg is not None else None,
             # No run cgroup to place a broker in: a warm, shared one pays.
             resident_broker=os.environ.get("CORRAL_BROKER", "resident") != "cold",
         )
@@ -343,6 +347,38 @@ def _sandboxed(
         sandbox=summary,
         agent_reported_tokens=outcome.agent_reported_tokens,
     )
+
+
+#: What a session's cgroup allows beyond the agent's sandbox: the MCP
+#: gateway helper and the MCP servers' sandboxes.
+_SESSION_HEADROOM = 1 << 30
+
+
+def _session_cgroup(memory: str | None, stack: contextlib.ExitStack) -> RunCgroup:
+    """A run cgroup for this session (removed with `stack`): the MCP gateway
+    parses what the agent posts there, charged to it, not to this process."""
+    from corral.errors import CgroupError
+    from corral.run.runcg import RunCgroup
+    from corral.sandbox.units import parse_size
+
+    cg = RunCgroup.detect(f"agent-{secrets.token_hex(6)}")
+    if cg is None:
+        raise AgentError("layer run cgroup: no cgroup hierarchy for the session's MCP gateway")
+    cap = (parse_size(memory) if memory is not None else 4 << 30) + _SESSION_HEADROOM
+    # Before create(): whatever part of it gets made is removed.
+    stack.callback(_sweep, cg)
+    try:
+        cg.create(cap)
+    except CgroupError as exc:
+        raise AgentError(f"layer run cgroup: {exc}") from exc
+    return cg
+
+
+def _sweep(cg: RunCgroup) -> None:
+    from corral.errors import CorralError
+
+    with contextlib.suppress(CorralError, OSError):
+        cg.sweep()
 
 
 def agent_exec_spec(

@@ -1,17 +1,24 @@
 """The product-port forwarder in its helper (coordinator side); see run/forward_relay.py.
 
-Same contract as `PortForwarder`: `expose(listener, product, port)` serves a
-listener made in a verifier's namespace and returns its `stop`;
-`on_connect(target)` journals each connection before it is relayed, and if it
-raises the connection is refused (fail closed). The listener is handed to
-the helper with SCM_RIGHTS and closed here; the bytes are relayed there,
-charged to the run's `helpers-forward` cgroup.
+`expose(listener, product, port)` serves a listener made in a verifier's
+namespace and returns its `stop`; `on_connect(target)` journals each
+connection before it is relayed, and if it raises the connection is refused
+(fail closed). The listener is handed to the helper with SCM_RIGHTS and
+closed here; the bytes are relayed there, charged to the run's
+`helpers-forward` cgroup.
 
 What the coordinator still does per connection is O(1): read one bounded
-request from its control socket, journal, connect to the product through
-its `SandboxNet` (the backend's handle stays here), pass that socket over
-and close it. What the helper says is hostile: one datagram of at most
-`_MSG_MAX` bytes, one exact form, descriptors it sends are closed unread.
+request from its control socket, journal, and say "dial". A product whose
+`SandboxNet` is a network namespace (`NamespaceNet`, the namespace
+backend) has that namespace's descriptor handed to the helper with the
+listener, and the helper creates and connects the product's socket itself:
+the socket is allocated in the run cgroup, so its kernel buffers are
+charged there (a socket's memory is charged to the cgroup of the process
+that created it, whoever holds it later). For any other backend the handle
+cannot leave the coordinator: it connects and passes the socket over, and
+that socket's buffers stay the coordinator's (docs/resources.md). What the
+helper says is hostile: one datagram of at most `_MSG_MAX` bytes, one exact
+form, descriptors it sends are closed unread.
 """
 
 from __future__ import annotations
@@ -23,10 +30,11 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from corral.errors import HelperError
 from corral.run.helpers import Helper
+from corral.sandbox.backend import NamespaceNet
 
 if TYPE_CHECKING:
     from corral.sandbox.backend import SandboxNet
@@ -66,7 +74,8 @@ class HelperForwarder:
             ours.close()
             raise
         self._lock = threading.Lock()
-        self._exposed: dict[int, tuple[SandboxNet, int]] = {}
+        #: id -> (product, port, the helper dials it itself)
+        self._exposed: dict[int, tuple[SandboxNet, int, bool]] = {}
         self._next = 0
         self._pending = 0
         self._closed = False
@@ -87,12 +96,18 @@ class HelperForwarder:
 
     def expose(self, listener: socket.socket, product: SandboxNet, port: int) -> Callable[[], None]:
         """Serve `listener` (handed to the helper, closed here); returns its `stop`."""
+        dial = isinstance(product, NamespaceNet)
         with self._lock:
             self._next += 1
             xid = self._next
-            self._exposed[xid] = (product, port)
+            self._exposed[xid] = (product, port, dial)
         try:
-            socket.send_fds(self._ctl, [f"expose {xid} {port}".encode()], [listener.fileno()])
+            if dial:
+                assert isinstance(product, NamespaceNet)
+                msg, fds = f"expose {xid} {port} ns", [listener.fileno(), product.namespace_fd()]
+            else:
+                msg, fds = f"expose {xid} {port}", [listener.fileno()]
+            socket.send_fds(self._ctl, [msg.encode()], fds)
         except OSError as exc:
             gone = self.dead()
             raise (gone or HelperError(f"the forward helper: {exc}")) from exc
@@ -136,17 +151,20 @@ class HelperForwarder:
             except RuntimeError:
                 return
 
-    def _connect(self, req: int, product: SandboxNet, port: int) -> None:
+    def _connect(self, req: int, product: SandboxNet, port: int, dial: bool) -> None:
         try:
-            self._connect_one(req, product, port)
+            self._connect_one(req, product, port, dial)
         finally:
             with self._lock:
                 self._pending -= 1
 
-    def _connect_one(self, req: int, product: SandboxNet, port: int) -> None:
+    def _connect_one(self, req: int, product: SandboxNet, port: int, dial: bool) -> None:
         try:
             # Journaled (durable) before the product is even connected.
             self._on_connect(f"product:127.0.0.1:{port}")
+            if dial:
+                self._answer(req, "dial")
+                return
             sock = product.connect(port)
         except Exception:
             self._answer(req, None)
@@ -156,10 +174,12 @@ class HelperForwarder:
         finally:
             sock.close()
 
-    def _answer(self, req: int, sock: socket.socket | None) -> None:
+    def _answer(self, req: int, sock: socket.socket | Literal["dial"] | None) -> None:
         with contextlib.suppress(OSError):
             if sock is None:
                 self._ctl.send(f"conn {req} refused".encode())
+            elif isinstance(sock, str):
+                self._ctl.send(f"conn {req} dial".encode())
             else:
                 socket.send_fds(self._ctl, [f"conn {req} ok".encode()], [sock.fileno()])
 

@@ -1,28 +1,39 @@
 """The product-port relay (helper side), run by `helper_main forward` in `helpers-forward`.
 
-It holds no sandbox handle and opens no journal. Over its control socket
+It holds no sandbox handle (at most a product's network namespace, to
+connect there) and opens no journal. Over its control socket
 (a SOCK_SEQPACKET pair with the coordinator, one message per datagram):
 
     coordinator -> helper   expose ID PORT      + SCM_RIGHTS: a listening socket
+                            expose ID PORT ns   + SCM_RIGHTS: a listening socket and
+                                                  the product's network namespace
                             stop ID
+                            conn REQ dial       (journaled: connect to the product yourself)
                             conn REQ ok         + SCM_RIGHTS: a socket connected to the product
                             conn REQ refused
     helper -> coordinator   connect REQ ID
 
 For every connection accepted on an exposed listener the helper asks for a
 product connection and relays only once it has one: the coordinator
-journals the connection (`rule=product-port`) before it connects, so the
-observation is durable before a byte is relayed. The bytes themselves, and
-every buffer they need, live in this process and are charged to the run.
+journals the connection (`rule=product-port`) before it answers, so the
+observation is durable before the product is connected or a byte relayed.
+With the product's namespace (`dial`) the helper creates and connects the
+product's socket itself: a socket is charged to the memory cgroup of the
+process that creates it, so both sockets of a relay, their kernel buffers
+and every user buffer live in this process, charged to the run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import socket
 import sys
+
+from corral.errors import SandboxStartError
+from corral.sandbox.netns import socket_in
 
 __all__ = ["CHUNK", "SOCK_BUF", "serve"]
 
@@ -33,9 +44,13 @@ CHUNK = 64 << 10
 SOCK_BUF = 128 << 10
 
 _MSG_MAX = 128
-_EXPOSE = re.compile(rb"^expose ([0-9]{1,9}) ([0-9]{1,5})$")
+_EXPOSE = re.compile(rb"^expose ([0-9]{1,9}) ([0-9]{1,5})( ns)?$")
 _STOP = re.compile(rb"^stop ([0-9]{1,9})$")
-_CONN = re.compile(rb"^conn ([0-9]{1,9}) (ok|refused)$")
+_CONN = re.compile(rb"^conn ([0-9]{1,9}) (ok|refused|dial)$")
+#: How long connect() to the product may take (a full listen backlog drops SYNs).
+_DIAL_S = 10.0
+
+_Answer = socket.socket | bytes | None
 
 
 def _bound(sock: socket.socket) -> None:
@@ -50,41 +65,41 @@ class _Relay:
         self._loop = asyncio.get_running_loop()
         self._servers: dict[int, asyncio.Server] = {}
         self._tasks: dict[int, set[asyncio.Task[None]]] = {}
-        self._waiting: dict[int, asyncio.Future[socket.socket | None]] = {}
+        #: id -> (the product's port, its network namespace's descriptor)
+        self._netns: dict[int, tuple[int, int]] = {}
+        self._waiting: dict[int, asyncio.Future[_Answer]] = {}
         self._req = 0
+        self._home = os.stat("/proc/thread-self/ns/net").st_ino
         self.done = asyncio.Event()
 
     def on_ctl(self) -> None:
         try:
-            msg, fds, _flags, _addr = socket.recv_fds(self._ctl, _MSG_MAX, 1)
+            msg, fds, _flags, _addr = socket.recv_fds(self._ctl, _MSG_MAX, 2)
         except BlockingIOError:
             return
         except OSError:
             msg, fds = b"", []
         if not msg:
-            for fd in fds:
-                with contextlib.suppress(OSError):
-                    socket.socket(fileno=fd).close()
+            _close_fds(fds)
             self.done.set()
             return
-        sock = socket.socket(fileno=fds[0]) if fds else None
-        if m := _EXPOSE.match(msg):
-            if sock is not None:
-                self._loop.create_task(self._expose(int(m[1]), sock))
-                return
-        elif m := _STOP.match(msg):
-            self._loop.create_task(self._stop(int(m[1])))
-        elif m := _CONN.match(msg):
+        if (m := _EXPOSE.match(msg)) and len(fds) == (2 if m[3] else 1):
+            listener = socket.socket(fileno=fds[0])
+            if m[3]:
+                self._netns[int(m[1])] = (int(m[2]), fds[1])
+            self._loop.create_task(self._expose(int(m[1]), listener))
+            return
+        if (m := _CONN.match(msg)) and len(fds) == (1 if m[2] == b"ok" else 0):
             fut = self._waiting.pop(int(m[1]), None)
-            if fut is not None and not fut.done() and m[2] == b"ok" and sock is not None:
-                fut.set_result(sock)
-                return
             if fut is not None and not fut.done():
-                fut.set_result(None)
+                fut.set_result(socket.socket(fileno=fds[0]) if fds else m[2])
+                return
+        elif (m := _STOP.match(msg)) and not fds:
+            self._loop.create_task(self._stop(int(m[1])))
+            return
         else:
             sys.stderr.write(f"corral forward: unknown control message {msg[:40]!r}\n")
-        if sock is not None:
-            sock.close()
+        _close_fds(fds)
 
     async def _expose(self, xid: int, listener: socket.socket) -> None:
         listener.setblocking(False)
@@ -99,20 +114,53 @@ class _Relay:
             server.close()
         for task in self._tasks.pop(xid, set()):
             task.cancel()
+        _, ns = self._netns.pop(xid, (0, -1))
+        if ns >= 0:
+            os.close(ns)
         await asyncio.sleep(0)
 
     async def _product(self, xid: int) -> socket.socket | None:
         self._req += 1
         req = self._req
-        fut: asyncio.Future[socket.socket | None] = self._loop.create_future()
+        fut: asyncio.Future[_Answer] = self._loop.create_future()
         self._waiting[req] = fut
         try:
             self._ctl.send(f"connect {req} {xid}".encode())
-            return await asyncio.wait_for(fut, 15.0)
+            answer = await asyncio.wait_for(fut, 15.0)
         except (OSError, TimeoutError):
             return None
         finally:
             self._waiting.pop(req, None)
+        if isinstance(answer, socket.socket):
+            _bound(answer)
+            return answer
+        return await self._dial(xid) if answer == b"dial" else None
+
+    async def _dial(self, xid: int) -> socket.socket | None:
+        """A socket of ours connected to the product's 127.0.0.1:PORT in its namespace."""
+        if xid not in self._netns:
+            return None
+        port, ns = self._netns[xid]
+        try:
+            sock = socket_in(ns)
+        except SandboxStartError:
+            if os.stat("/proc/thread-self/ns/net").st_ino != self._home:
+                # Stuck in the product's namespace: nothing more made here may land there.
+                os._exit(125)
+            return None
+        connected = False
+        try:
+            # Before connect(): the window is negotiated from the receive buffer.
+            _bound(sock)
+            sock.setblocking(False)
+            await asyncio.wait_for(self._loop.sock_connect(sock, ("127.0.0.1", port)), _DIAL_S)
+            connected = True
+        except (OSError, TimeoutError):
+            return None
+        finally:
+            if not connected:
+                sock.close()
+        return sock
 
     async def _serve(
         self, xid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -131,7 +179,6 @@ class _Relay:
             sock = await self._product(xid)
             if sock is None:
                 return
-            _bound(sock)
             sock.setblocking(False)
             p_reader, p_writer = await asyncio.open_connection(sock=sock, limit=CHUNK)
             await asyncio.gather(
@@ -145,6 +192,12 @@ class _Relay:
     async def close(self) -> None:
         for xid in list(self._servers):
             await self._stop(xid)
+
+
+def _close_fds(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:

@@ -115,9 +115,11 @@ class RunCgroup:
     def create(self, memory_cap: int) -> None:
         """Create the run cgroup (with its cap) and its `helpers` child."""
         Cgroup.create(self.layout, self.relpath, Limits(memory_bytes=memory_cap))
-        Cgroup.create(self.layout, f"{self.relpath}/helpers", Limits())
+        # Their sockets (broker, forwarder, gateway, provider) count against
+        # the run's TCP share too, not only their user memory.
+        Cgroup.create(self.layout, f"{self.relpath}/helpers", Limits()).account_sockets()
         for name in HELPER_GROUPS:
-            Cgroup.create(self.layout, self._helper_rel(name), Limits())
+            Cgroup.create(self.layout, self._helper_rel(name), Limits()).account_sockets()
 
     def _helper_rel(self, name: str | None) -> str:
         if name is not None and name not in HELPER_GROUPS:

@@ -24,7 +24,7 @@ The contract every backend keeps is written once, as a suite, in
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from corral.sandbox.backend_config import (
     BACKEND_KINDS,
@@ -51,6 +51,7 @@ __all__ = [
     "GVisorConfig",
     "MicroVMConfig",
     "NamespaceConfig",
+    "NamespaceNet",
     "Sandbox",
     "SandboxNet",
     "backend_config",
@@ -70,6 +71,18 @@ class SandboxNet(Protocol):
 
     def connect(self, port: int) -> socket.socket:
         """A socket connected to the sandbox's 127.0.0.1:`port`."""
+        ...
+
+
+@runtime_checkable
+class NamespaceNet(SandboxNet, Protocol):
+    """A `SandboxNet` whose loopback is a network namespace any host process
+    can enter (the namespace backend's). corral's forward helper connects to
+    the product from there itself, so the sockets, and their kernel buffers,
+    are the run cgroup's, not the coordinator's."""
+
+    def namespace_fd(self) -> int:
+        """The namespace's descriptor, still owned by the net (pass a copy on)."""
         ...
 
 

@@ -277,6 +277,18 @@ class Cgroup:
             _write(os.path.join(d, "cpu.cfs_period_us"), str(CPU_PERIOD_US))
             _write(os.path.join(d, "cpu.cfs_quota_us"), str(int(limits.cpus * CPU_PERIOD_US)))
 
+    def account_sockets(self) -> None:
+        """Charge the socket buffers of this cgroup's processes, with no limit of its own.
+
+        v1 charges a socket to no cgroup at all unless its creator's cgroup
+        had `memory.kmem.tcp.limit_in_bytes` written, whatever its parent
+        did; written as unlimited, the charge still counts against every
+        ancestor's TCP limit (the counter is hierarchical). v2 always charges.
+        """
+        if self.layout.kind == "v2":
+            return
+        _write(os.path.join(self.dirs["memory"], "memory.kmem.tcp.limit_in_bytes"), "-1")
+
     # -- attach -----------------------------------------------------------
     def open_attach_fds(self) -> list[int]:
         """Open every cgroup.procs for writing; the child writes b"0" to each."""

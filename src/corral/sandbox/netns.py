@@ -20,7 +20,7 @@ import time
 
 from corral.errors import SandboxStartError
 
-__all__ = ["NetNs", "listen_on"]
+__all__ = ["NetNs", "listen_on", "socket_in"]
 
 _CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -57,6 +57,22 @@ def listen_on(sock: socket.socket, port: int, *, wait_s: float = 5.0) -> socket.
     return sock
 
 
+def socket_in(ns_fd: int, kind: int = socket.SOCK_STREAM) -> socket.socket:
+    """An AF_INET socket of the network namespace `ns_fd` (the calling thread
+    enters it and comes back; the socket stays in it)."""
+    with _ns_lock:
+        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _setns(ns_fd)
+            try:
+                return socket.socket(socket.AF_INET, kind)
+            finally:
+                # Back before anything else runs on this thread.
+                _setns(own)
+        finally:
+            os.close(own)
+
+
 class NetNs:
     """A held reference to a sandbox's network namespace (valid after its pid is gone).
 
@@ -74,17 +90,14 @@ class NetNs:
     def _socket(self, kind: int = socket.SOCK_STREAM) -> socket.socket:
         if self._fd < 0:
             raise SandboxStartError(0, "the sandbox's network namespace was released")
-        with _ns_lock:
-            own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                _setns(self._fd)
-                try:
-                    return socket.socket(socket.AF_INET, kind)
-                finally:
-                    # Back before anything else runs on this thread.
-                    _setns(own)
-            finally:
-                os.close(own)
+        return socket_in(self._fd, kind)
+
+    def namespace_fd(self) -> int:
+        """The namespace's descriptor (still ours): a process given a copy
+        (SCM_RIGHTS) makes its own sockets there with `socket_in`."""
+        if self._fd < 0:
+            raise SandboxStartError(0, "the sandbox's network namespace was released")
+        return self._fd
 
     def listen(self, port: int) -> socket.socket:
         """A socket listening on the sandbox's 127.0.0.1:`port`."""

@@ -88,6 +88,9 @@ def run_view(run_ref: str, session: int | None, port: int, runs_dir: Path) -> in
         session_id=str(n),
         parent_cgroup=cg.relpath if cg is not None else None,
         limits=ViewerLimits(memory_bytes=min(1 << 30, mission.settings.limits.run_memory)),
+        # The forward to the product is relayed in the run's helpers-forward, charged to it.
+        run_cgroup=cg.key if cg is not None else None,
+        forward_log=layout.root / "helpers" / "view-forward.log",
     )
     stack: ViewStack | None = None
     try:

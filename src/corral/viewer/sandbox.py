@@ -1,8 +1,8 @@
 """The viewer sandbox: headless Chromium, read-only, no egress, the product port only.
 
 Like a verifier, the viewer sandbox has no network device besides its own
-loopback: corral's forwarder listens on its 127.0.0.1:PRODUCT_PORT and relays
-each (journaled) connection to the product's sandbox. Chromium speaks
+loopback: corral's forward helper listens on its 127.0.0.1:PRODUCT_PORT and
+relays each (journaled) connection to the product's sandbox. Chromium speaks
 DevTools over `--remote-debugging-pipe` on its fds 3 and 4, which are the
 sandbox's stdin and stdout: pipes only corral holds. No DevTools port
 exists, neither on the host nor on the viewer's loopback, where the
@@ -24,7 +24,7 @@ from corral.errors import SandboxStartError
 from corral.sandbox.spec import Limits, NetworkSpec, SandboxSpec
 
 if TYPE_CHECKING:
-    from corral.run.forward import PortForwarder
+    from corral.run.forward_helper import HelperForwarder
     from corral.sandbox.backend import Backend, Sandbox, SandboxNet
     from corral.sandbox.spec import ExecResult
 
@@ -118,7 +118,7 @@ class ViewerSandbox:
         *,
         product: SandboxNet,
         product_port: int,
-        forwarder: PortForwarder,
+        forwarder: HelperForwarder,
         parent_cgroup: str | None,
     ) -> None:
         self._stops: list[Callable[[], None]] = []

@@ -4,6 +4,10 @@
 until it answers, starts the viewer sandbox with the product port forwarded
 into it (each connection journaled through `on_forward`, which may refuse it
 by raising) and closes everything in `close()`, even when a step failed.
+The forward runs in `corral run`'s forward helper (run/forward_helper.py),
+in the `helpers-forward` cgroup of the run's cgroup (`run_cgroup`), or of a
+cgroup of the view's own when it has none (removed by `close()`): the
+relay's buffers and sockets are charged there, never to `corral view`.
 `serve()` attaches a `Viewer` and serves the dashboard with the viewer
 mounted until a stop event (Ctrl-C/SIGTERM in `corral view`).
 """
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import signal
 import socket
 from collections.abc import Callable
@@ -19,8 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from corral.errors import SandboxStartError
-from corral.run.forward import PortForwarder, probe_ready
+from corral.errors import CgroupError, HelperError, SandboxStartError
+from corral.run.forward import probe_ready
+from corral.run.forward_helper import HelperForwarder
+from corral.run.runcg import RunCgroup, parse_cgroup_key
 from corral.viewer.sandbox import ViewerLimits, ViewerSandbox, viewer_spec
 
 if TYPE_CHECKING:
@@ -44,6 +51,15 @@ class ViewPlan:
     width: int = 1280
     height: int = 800
     limits: ViewerLimits = field(default_factory=ViewerLimits)
+    run_cgroup: str | None = None
+    """The key (`RUN_ID[:EPOCH]`) of the run cgroup the forward helper joins; None:
+    a cgroup of the view's own, which the sandboxes go below as well."""
+    forward_log: Path | None = None
+    """The forward helper's stderr (default: beside `scratch`, outside the viewer's reach)."""
+
+
+#: What a view's own cgroup allows beyond its two sandboxes (the forward helper).
+_HELPER_HEADROOM = 256 << 20
 
 
 class ViewStack:
@@ -61,11 +77,16 @@ class ViewStack:
         self.product: Sandbox | None = None
         self.viewer: ViewerSandbox | None = None
         self.product_net: SandboxNet | None = None
-        self._forwarder = PortForwarder(on_forward)
+        self._forwarder: HelperForwarder | None = None
+        self._own_cg: RunCgroup | None = None
         try:
+            cg = self._cgroup(plan)
+            parent = plan.parent_cgroup or (cg.relpath if cg is self._own_cg else None)
+            log = plan.forward_log or plan.scratch.parent / f"{plan.scratch.name}-forward.log"
+            self._forwarder = HelperForwarder(on_forward, cg.helper_procs("forward"), log)
             holder: list[SandboxNet] = []
             self.product = product_backend.start(
-                plan.product, parent_cgroup=plan.parent_cgroup, network=holder.append
+                plan.product, parent_cgroup=parent, network=holder.append
             )
             product = self.product
             self.product_net = holder[0]
@@ -93,11 +114,30 @@ class ViewStack:
                 product=holder[0],
                 product_port=plan.product_port,
                 forwarder=self._forwarder,
-                parent_cgroup=plan.parent_cgroup,
+                parent_cgroup=parent,
             )
         except BaseException:
             self.close()
             raise
+
+    def _cgroup(self, plan: ViewPlan) -> RunCgroup:
+        """The run cgroup the forward helper joins (HelperError when there is none)."""
+        try:
+            if plan.run_cgroup is not None:
+                cg = RunCgroup.detect(*parse_cgroup_key(plan.run_cgroup))
+                if cg is None or not cg.exists():
+                    raise HelperError(f"layer run cgroup: run cgroup {plan.run_cgroup} is gone")
+                return cg
+            own = RunCgroup.detect(f"view-{secrets.token_hex(6)}")
+            if own is None:
+                raise HelperError("layer run cgroup: no cgroup hierarchy for the view's forward")
+            # Ours from here: `close()` sweeps whatever part of it was made.
+            self._own_cg = own
+            cap = (plan.product.limits.memory_bytes or 1 << 30) + plan.limits.memory_bytes
+            own.create(cap + _HELPER_HEADROOM)
+        except CgroupError as exc:
+            raise HelperError(f"layer run cgroup: {exc}") from exc
+        return own
 
     @property
     def origin(self) -> str:
@@ -113,7 +153,13 @@ class ViewStack:
                 self.product.interrupt(signal.SIGKILL)
             self.product.close()
             self.product = None
-        self._forwarder.close()
+        if self._forwarder is not None:
+            self._forwarder.close()
+            self._forwarder = None
+        if self._own_cg is not None:
+            with contextlib.suppress(CgroupError, OSError):
+                self._own_cg.sweep()
+            self._own_cg = None
 
 
 async def attach(stack: ViewStack, path: str = "/") -> Viewer:

@@ -92,3 +92,21 @@ def test_v2_unreadable_stat_is_an_error_not_zero(tmp_path: Path) -> None:
     d.mkdir()
     with pytest.raises(CgroupError, match="socket memory"):
         Cgroup(layout, "corral/s").socket_bytes()
+
+
+def test_v1_helpers_account_sockets_without_a_limit_of_their_own(tmp_path: Path) -> None:
+    """v1 charges a socket only if its creator's cgroup had the TCP limit written."""
+    layout, d = _fake_v1(tmp_path)
+    cg = Cgroup(layout, "corral/s")
+    cg._mkdirs()
+    cg.account_sockets()
+    assert (d / "memory.kmem.tcp.limit_in_bytes").read_text() == "-1"
+    assert not (d / "memory.limit_in_bytes").exists()
+
+
+def test_v2_helpers_need_no_write_to_account_sockets(tmp_path: Path) -> None:
+    layout, d = _fake_v2(tmp_path)
+    d.mkdir(parents=True)
+    before = sorted(p.name for p in d.iterdir())
+    Cgroup(layout, "corral/s").account_sockets()
+    assert sorted(p.name for p in d.iterdir()) == before
