@@ -358,10 +358,10 @@ def _session_cgroup(memory: str | None, stack: contextlib.ExitStack) -> RunCgrou
     """A run cgroup for this session (removed with `stack`): the MCP gateway
     parses what the agent posts there, charged to it, not to this process."""
     from corral.errors import CgroupError
-    from corral.run.runcg import RunCgroup
+    from corral.run.runcg import ephemeral_run_cgroup
     from corral.sandbox.units import parse_size
 
-    cg = RunCgroup.detect(f"agent-{secrets.token_hex(6)}")
+    cg = ephemeral_run_cgroup("agent")
     if cg is None:
         raise AgentError("layer run cgroup: no cgroup hierarchy for the session's MCP gateway")
     cap = (parse_size(memory) if memory is not None else 4 << 30) + _SESSION_HEADROOM

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import signal
 from pathlib import Path
 
@@ -41,13 +42,20 @@ from corral.errors import CgroupError
 from corral.sandbox.cgroup import Cgroup, CgroupLayout, detect_layout
 from corral.sandbox.spec import Limits
 
-__all__ = ["HELPER_GROUPS", "RunCgroup", "parse_cgroup_key", "run_cgroup_path"]
+__all__ = [
+    "HELPER_GROUPS",
+    "RunCgroup",
+    "ephemeral_run_cgroup",
+    "parse_cgroup_key",
+    "run_cgroup_path",
+]
 
 #: corral's own per-run helper processes, each in `helpers-<name>` (run/helpers.py).
 HELPER_GROUPS = ("provider", "report", "forward", "mcp")
 
 
 _EPOCH = re.compile(r"lease-([1-9][0-9]{0,17})")
+_EPHEMERAL = re.compile(r"run-(view|agent)-([1-9][0-9]{0,9})-[0-9a-f]{12}")
 
 
 def run_cgroup_path(run_id: str, epoch: int | None = None) -> str:
@@ -208,3 +216,33 @@ class RunCgroup:
             # Busy or not empty: another epoch is still there; it removes it.
             with contextlib.suppress(OSError):
                 os.rmdir(os.path.join(root, run_cgroup_path(self.run_id)))
+
+
+def ephemeral_run_cgroup(kind: str) -> RunCgroup | None:
+    """A run cgroup of its own for a `corral view` or `corral agent run` (`kind`),
+    named after this process (`run-<kind>-<pid>-<hex>`); None without a hierarchy.
+
+    Its owner removes it on close; one SIGKILLed cannot, so the next owner of
+    the same kind first sweeps those whose process is gone (their helpers
+    included), as the backend's sweep does for sandboxes.
+    """
+    if kind not in ("view", "agent"):
+        raise ValueError(f"no ephemeral run cgroup kind {kind!r}")
+    layout = detect_layout()
+    if layout is None:
+        return None
+    from corral.sandbox.cgroup import pid_alive
+
+    roots = [m for _, m in layout.v1] + ([layout.unified] if layout.unified else [])
+    stale: set[str] = set()
+    for root in dict.fromkeys(roots):
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            for name in os.listdir(os.path.join(root, "corral")):
+                m = _EPHEMERAL.fullmatch(name)
+                if m and m.group(1) == kind and not pid_alive(int(m.group(2))):
+                    stale.add(name.removeprefix("run-"))
+    for rid in sorted(stale):
+        # Another owner starting now may sweep the same one.
+        with contextlib.suppress(CgroupError, FileNotFoundError):
+            RunCgroup(layout, rid).sweep()
+    return RunCgroup(layout, f"{kind}-{os.getpid()}-{secrets.token_hex(6)}")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import signal
 import socket
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from typing import TYPE_CHECKING
 from corral.errors import CgroupError, HelperError, SandboxStartError
 from corral.run.forward import probe_ready
 from corral.run.forward_helper import HelperForwarder
-from corral.run.runcg import RunCgroup, parse_cgroup_key
+from corral.run.runcg import RunCgroup, ephemeral_run_cgroup, parse_cgroup_key
 from corral.viewer.sandbox import ViewerLimits, ViewerSandbox, viewer_spec
 
 if TYPE_CHECKING:
@@ -128,7 +127,7 @@ class ViewStack:
                 if cg is None or not cg.exists():
                     raise HelperError(f"layer run cgroup: run cgroup {plan.run_cgroup} is gone")
                 return cg
-            own = RunCgroup.detect(f"view-{secrets.token_hex(6)}")
+            own = ephemeral_run_cgroup("view")
             if own is None:
                 raise HelperError("layer run cgroup: no cgroup hierarchy for the view's forward")
             # Ours from here: `close()` sweeps whatever part of it was made.
