@@ -518,7 +518,9 @@ class Coordinator:
         token = secrets.token_hex(3)
         restored = ws.with_name(f"workspace.restore-{token}")
         # git runs with its cwd in the work tree: use the run directory for that.
-        repo = TrustedRepo(self.layout.git_dir, self.layout.root, cgroup_procs=self._git_cg())
+        repo = TrustedRepo(
+            self.layout.git_dir, self.layout.root, cgroup_procs=self._git_cg(), clock=self._clock()
+        )
         _snapshot(repo, commit, restored)
         aside = ws.with_name(f"workspace.discarded-{token}")
         if ws.exists():
@@ -603,6 +605,10 @@ class Coordinator:
         allowed, denied = journal_counts(self.layout.journal, self.run_id)
         self.progress.update(allowed=allowed, denied=denied)
 
+    def _clock(self) -> Callable[[], float]:
+        """The run's clock: it stops while the run is paused (`corral.pauseclock`)."""
+        return active_clock(self._paused_s)
+
     def _git_cg(self) -> tuple[str, ...]:
         """Host git on the workspace runs in the run's `helpers` cgroup, charged to the run."""
         return self._cg.helper_procs() if self._cg is not None else ()
@@ -672,7 +678,12 @@ class Coordinator:
         self._tick()  # the agent's last calls, before the display moves on
         self.progress.update(phase="commit", activity="committing the workspace")
         self._strip_setid()
-        repo = TrustedRepo(self.layout.git_dir, self.layout.workspace, cgroup_procs=self._git_cg())
+        repo = TrustedRepo(
+            self.layout.git_dir,
+            self.layout.workspace,
+            cgroup_procs=self._git_cg(),
+            clock=self._clock(),
+        )
         sha = repo.commit_all(f"session {n}: {end_reason}")
         store.update_session(n, commit_sha=sha, phase="product")
         store.update_run(last_commit=sha)

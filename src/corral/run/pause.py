@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from corral.errors import CorralError, UsageError
+from corral.pauseclock import PausableClock
 from corral.run.environments import RunLayout
 from corral.run.runcg import RunCgroup
 from corral.run.store import TERMINAL_RUN_STATES, RunLock, Store
@@ -108,13 +109,8 @@ def active_clock(paused_s: Callable[[float, float], float]) -> Callable[[], floa
     """A clock that stands still while the run is paused (seconds, from now).
 
     For deadlines of work that freezes with the run (the product's
-    `ready_timeout`): `time.monotonic()` minus the paused time since the
-    clock was made, so a pause never uses up the budget.
+    `ready_timeout`, host git's budget, a helper's answer):
+    `time.monotonic()` minus the paused time since the clock was made, so a
+    pause never uses up the budget (`corral.pauseclock`).
     """
-    origin = time.monotonic()
-
-    def clock() -> float:
-        now = time.monotonic()
-        return now - paused_s(origin, now)
-
-    return clock
+    return PausableClock(paused_s)
