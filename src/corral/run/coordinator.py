@@ -423,7 +423,7 @@ class Coordinator:
                 self.layout.transcripts / "provider.jsonl",
                 self._cg.helper_procs("provider"),
                 self.layout.root / "helpers" / "provider.log",
-                paused=store.paused,
+                clock=self._clock(),
             )
             try:
                 self._provider_url = self._provider.start()
@@ -482,6 +482,7 @@ class Coordinator:
                 self._on_forward,
                 self._cg.helper_procs("forward"),
                 self.layout.root / "helpers" / "forward.log",
+                clock=self._clock(),
             )
         except HelperError as exc:
             self._journal_event("helper_failed", str(exc)[:500], decision="deny")
@@ -551,7 +552,10 @@ class Coordinator:
         try:
             procs = self._cg.helper_procs("report") if self._cg and self._cg.exists() else ()
             render_report_in_helper(
-                self.layout.root, procs, self.layout.root / "helpers" / "report.log"
+                self.layout.root,
+                procs,
+                self.layout.root / "helpers" / "report.log",
+                clock=self._clock(),
             )
         except CorralError as exc:
             self._journal_event("report_failed", str(exc)[:500], decision="deny")

@@ -23,11 +23,13 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from corral.errors import AgentError, HelperError
+from corral.pauseclock import Clock
 from corral.run.helpers import Helper
 
 if TYPE_CHECKING:
@@ -62,6 +64,7 @@ class McpHelper:
         cgroup_procs: Sequence[str],
         log: Path,
         timeout_s: float = 60.0,
+        clock: Clock = time.monotonic,
     ) -> McpHelper:
         """The gateway, ready; AgentError when it or a server did not start
         (HelperError, an AgentError's sibling, when it could not join the run)."""
@@ -79,7 +82,7 @@ class McpHelper:
             encoding="utf-8",
         )
         config.chmod(0o600)
-        helper = Helper.spawn("mcp", (str(config),), cgroup_procs, log)
+        helper = Helper.spawn("mcp", (str(config),), cgroup_procs, log, clock=clock)
         try:
             line = helper.read_line(timeout_s)
         except HelperError as exc:
