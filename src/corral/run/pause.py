@@ -10,6 +10,16 @@ committed before the cgroup is frozen (a crash in between leaves a paused
 record over running processes, which `resume` thaws, a no-op), and it is
 closed only after the thaw.
 
+Code frozen with the run cannot keep its own time: a frozen process's
+timers run on, and fire at once on the thaw. The verifier's check runner
+times each part of a check itself, so the pauses are also published, as
+CLOCK_MONOTONIC intervals, in `tools/pauses.json` (bound read-only into
+every verifier): written with the open pause before the freeze, rewritten
+closed after the thaw. If the first write fails, a check frozen mid-part
+may time out on the thaw; if the rewrite fails, the open pause in the file
+only lengthens the runner's own budget: the coordinator's bound on the
+whole verifier (from the durable record) still holds.
+
 What a client of a frozen broker sees: the only clients of a session's
 broker are the agent sandbox's processes, frozen with it. The verifier's
 port forwarder (in the coordinator) never runs while the run is paused,
@@ -20,6 +30,9 @@ in the listen backlog until the thaw: it is not refused, it stalls.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -34,7 +47,14 @@ if TYPE_CHECKING:
     from corral.sandbox.backend import Sandbox
     from corral.sandbox.spec import ExecResult
 
-__all__ = ["pause_run", "thaw_run", "wait_unpaused"]
+__all__ = [
+    "active_clock",
+    "pause_run",
+    "pauses_json",
+    "publish_pauses",
+    "thaw_run",
+    "wait_unpaused",
+]
 
 
 def _cgroup(layout: RunLayout) -> RunCgroup:
@@ -55,12 +75,18 @@ def pause_run(layout: RunLayout, reason: str = "paused by the user") -> bool:
         cg = _cgroup(layout)
         if not store.begin_pause(reason):
             return False
+        # Not fatal: without the file a check frozen mid-part may time out on
+        # the thaw (its own timer ran on); the run's protection is unchanged.
+        with contextlib.suppress(OSError):
+            publish_pauses(layout, store.pause_intervals())
         try:
             cg.freeze()
         except CorralError:
             # Not frozen, so not paused: undo the record before reporting.
             cg.thaw()
             store.end_pause()
+            with contextlib.suppress(OSError):
+                publish_pauses(layout, store.pause_intervals())
             raise
     return True
 
@@ -81,7 +107,24 @@ def thaw_run(layout: RunLayout) -> bool:
             if cg is not None and cg.exists():
                 cg.thaw()
         store.end_pause()
+        with contextlib.suppress(OSError):
+            publish_pauses(layout, store.pause_intervals())
     return True
+
+
+def pauses_json(intervals: list[tuple[float, float | None]]) -> str:
+    """The pauses as the check runner reads them: `[[start, end|null], ...]` (pure)."""
+    return json.dumps([[start, end] for start, end in intervals[-1000:]])
+
+
+def publish_pauses(layout: RunLayout, intervals: list[tuple[float, float | None]]) -> None:
+    """Write the run's pauses to `layout.pauses` whole (rename), for code frozen with the run."""
+    if not layout.tools.is_dir():
+        return
+    tmp = layout.pauses.with_name(f".pauses.{os.getpid()}.tmp")
+    tmp.write_text(pauses_json(intervals), encoding="utf-8")
+    tmp.chmod(0o644)
+    os.replace(tmp, layout.pauses)
 
 
 def wait_unpaused(
