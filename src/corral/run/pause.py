@@ -35,13 +35,14 @@ import json
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from corral.errors import CorralError, UsageError
 from corral.pauseclock import PausableClock
 from corral.run.environments import RunLayout
 from corral.run.runcg import RunCgroup
-from corral.run.store import TERMINAL_RUN_STATES, RunLock, Store
+from corral.run.store import TERMINAL_RUN_STATES, RunLock, Store, paused_seconds
 
 if TYPE_CHECKING:
     from corral.sandbox.backend import Sandbox
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "active_clock",
+    "file_paused_s",
     "pause_run",
     "pauses_json",
     "publish_pauses",
@@ -110,6 +112,25 @@ def thaw_run(layout: RunLayout) -> bool:
         with contextlib.suppress(OSError):
             publish_pauses(layout, store.pause_intervals())
     return True
+
+
+def file_paused_s(path: Path) -> Callable[[float, float], float]:
+    """`paused_s` from the published pauses at `path`, for a process of the run.
+
+    A helper frozen with the run cannot consult state.sqlite's writer, but
+    can read what `publish_pauses` wrote (bounded; unreadable counts 0).
+    """
+
+    def paused_s(since: float, now: float) -> float:
+        try:
+            with path.open(encoding="utf-8") as fh:
+                doc = json.loads(fh.read(1 << 16))
+            intervals = [(float(a), None if b is None else float(b)) for a, b in doc]
+        except (OSError, ValueError, TypeError):
+            return 0.0
+        return paused_seconds(intervals, since, now)
+
+    return paused_s
 
 
 def pauses_json(intervals: list[tuple[float, float | None]]) -> str:

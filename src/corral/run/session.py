@@ -252,6 +252,7 @@ def _start_gateway_helper(
     plan: SessionPlan, stack: contextlib.ExitStack, paused_s: Callable[[float, float], float]
 ) -> McpHelper:
     from corral.pauseclock import PausableClock
+    from corral.run.environments import RunLayout
     from corral.run.mcp_helper import McpHelper
     from corral.run.runcg import RunCgroup
 
@@ -268,6 +269,7 @@ def _start_gateway_helper(
         log=plan.mcp_dir / "gateway.log",
         # Its start is timed on the run's clock: a pause meanwhile freezes it.
         clock=PausableClock(paused_s),
+        pauses=RunLayout(plan.journal_path.parent).pauses,
     )
     stack.callback(gateway.close)
     return gateway
