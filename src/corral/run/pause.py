@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from corral.errors import CorralError, UsageError
-from corral.pauseclock import PausableClock
+from corral.pauseclock import Deadline, PausableClock
 from corral.run.environments import RunLayout
 from corral.run.runcg import RunCgroup
 from corral.run.store import TERMINAL_RUN_STATES, RunLock, Store, paused_seconds
@@ -156,16 +156,15 @@ def wait_unpaused(
 ) -> ExecResult:
     """`running.wait(timeout_s)`, where the time the run spent paused does not count.
 
-    The backend's own wait is given only the last stretch, once the
-    remainder is short, so its timeout never fires across a pause.
+    The sandbox is watched here on the run's clock; the backend's own wait
+    is called only once it has exited or the budget is spent (with 0 left:
+    it times out at once), so its timer never runs across a pause.
     """
-    started = time.monotonic()
+    deadline = Deadline(timeout_s, PausableClock(paused_s))
     while running.poll() is None:
-        now = time.monotonic()
-        left = timeout_s - (now - started - paused_s(started, now))
-        if left <= poll_s:
-            return running.wait(max(left, 0.0))
-        time.sleep(poll_s)
+        if deadline.expired():
+            return running.wait(0.0)
+        time.sleep(min(poll_s, deadline.wait_s()))
     return running.wait()
 
 
