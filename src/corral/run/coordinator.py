@@ -68,7 +68,7 @@ from corral.run.environments import (
 from corral.run.envnet import missing_secrets
 from corral.run.forward import probe_ready
 from corral.run.mission import Mission, ProviderRef, parse_mission, parse_provider
-from corral.run.pause import active_clock, wait_unpaused
+from corral.run.pause import active_clock, publish_pauses, wait_unpaused
 from corral.run.product_io import ensure_data_dir, probe_all, strip_data_setid
 from corral.run.progress import Progress
 from corral.run.prompt import build_prompt
@@ -793,6 +793,11 @@ class Coordinator:
         """The product and the checks, their kernel denials journaled (env product/verifier)."""
         from corral.broker.kernel_denials import open_watch
 
+        # The check runners read the pauses from this file: start them from
+        # the durable record (a stop or crash while paused may have left an
+        # open pause in it, which would stretch their own timeouts).
+        with contextlib.suppress(OSError):
+            publish_pauses(self.layout, store.pause_intervals)
         with contextlib.ExitStack() as stack:
             # Opened before the product starts, so that no early denial is missed.
             self._kdenials = open_watch(stack, self._journal)

@@ -31,6 +31,7 @@ in the listen backlog until the thaw: it is not refused, it stalls.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import time
@@ -80,7 +81,7 @@ def pause_run(layout: RunLayout, reason: str = "paused by the user") -> bool:
         # Not fatal: without the file a check frozen mid-part may time out on
         # the thaw (its own timer ran on); the run's protection is unchanged.
         with contextlib.suppress(OSError):
-            publish_pauses(layout, store.pause_intervals())
+            publish_pauses(layout, store.pause_intervals)
         try:
             cg.freeze()
         except CorralError:
@@ -88,7 +89,7 @@ def pause_run(layout: RunLayout, reason: str = "paused by the user") -> bool:
             cg.thaw()
             store.end_pause()
             with contextlib.suppress(OSError):
-                publish_pauses(layout, store.pause_intervals())
+                publish_pauses(layout, store.pause_intervals)
             raise
     return True
 
@@ -110,7 +111,7 @@ def thaw_run(layout: RunLayout) -> bool:
                 cg.thaw()
         store.end_pause()
         with contextlib.suppress(OSError):
-            publish_pauses(layout, store.pause_intervals())
+            publish_pauses(layout, store.pause_intervals)
     return True
 
 
@@ -138,14 +139,27 @@ def pauses_json(intervals: list[tuple[float, float | None]]) -> str:
     return json.dumps([[start, end] for start, end in intervals[-1000:]])
 
 
-def publish_pauses(layout: RunLayout, intervals: list[tuple[float, float | None]]) -> None:
-    """Write the run's pauses to `layout.pauses` whole (rename), for code frozen with the run."""
+def publish_pauses(
+    layout: RunLayout, intervals: Callable[[], list[tuple[float, float | None]]]
+) -> None:
+    """Write the run's pauses (`intervals()`, read from the durable record) to
+    `layout.pauses` whole (rename), for code frozen with the run.
+
+    Under a lock, read and write are one step: `corral pause`, `resume` and
+    the coordinator may publish at once, and whichever renames last must
+    have read the record last, or a pause committed in between is lost.
+    """
     if not layout.tools.is_dir():
         return
-    tmp = layout.pauses.with_name(f".pauses.{os.getpid()}.tmp")
-    tmp.write_text(pauses_json(intervals), encoding="utf-8")
-    tmp.chmod(0o644)
-    os.replace(tmp, layout.pauses)
+    fd = os.open(layout.tools / ".pauses.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        tmp = layout.pauses.with_name(f".pauses.{os.getpid()}.tmp")
+        tmp.write_text(pauses_json(intervals()), encoding="utf-8")
+        tmp.chmod(0o644)
+        os.replace(tmp, layout.pauses)
+    finally:
+        os.close(fd)
 
 
 def wait_unpaused(

@@ -33,7 +33,7 @@ def _layout(tmp_path: Path) -> RunLayout:
 
 def test_published_pauses_read_back_as_paused_seconds(tmp_path: Path) -> None:
     layout = _layout(tmp_path)
-    publish_pauses(layout, [(10.0, 20.0), (30.0, None)])
+    publish_pauses(layout, lambda: [(10.0, 20.0), (30.0, None)])
     paused_s = file_paused_s(layout.pauses)
     assert paused_s(0.0, 25.0) == 10.0
     assert paused_s(15.0, 40.0) == 5.0 + 10.0  # the open pause runs to `now`
@@ -49,7 +49,7 @@ def test_a_missing_or_broken_record_counts_nothing(tmp_path: Path) -> None:
 
 def test_nothing_is_published_without_a_tools_directory(tmp_path: Path) -> None:
     layout = RunLayout(tmp_path / "gone")
-    publish_pauses(layout, [(1.0, None)])
+    publish_pauses(layout, lambda: [(1.0, None)])
     assert not layout.pauses.exists()
 
 
@@ -68,7 +68,7 @@ def _wait_ready(tmp_path: Path, clock: Clock) -> None:
 
 def test_the_gateway_waits_for_its_servers_while_the_run_is_paused(tmp_path: Path) -> None:
     layout = _layout(tmp_path)
-    publish_pauses(layout, [(time.monotonic() - 1.0, None)])  # paused now
+    publish_pauses(layout, lambda: [(time.monotonic() - 1.0, None)])  # paused now
     started = time.monotonic()
     _wait_ready(tmp_path, PausableClock(file_paused_s(layout.pauses)))
     assert time.monotonic() - started >= 0.9
