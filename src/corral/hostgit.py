@@ -25,13 +25,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import select
 import shutil
 import signal
 import stat
 import subprocess
 import tarfile
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import IO, Final
 
 from corral.errors import CorralError
+from corral.pauseclock import Clock, Deadline
 
 __all__ = [
     "DEFAULT_GIT_BUDGET",
@@ -95,6 +96,8 @@ class GitBudget:
 
     Sizes are apparent sizes (`st_size`, what git hashes and archive emits),
     not blocks on disk: a sparse file costs git its apparent size in time.
+    `timeout_s` is measured on the repository's `clock`: a run's clock
+    stops while the run is paused (its git is frozen with it).
     """
 
     max_file_bytes: int = 256 << 20
@@ -219,7 +222,7 @@ def _git_command(
 
 
 def _start_git(
-    argv: list[str], env: dict[str, str], work_tree: str | Path, what: str
+    argv: list[str], env: dict[str, str], work_tree: str | Path, what: str, *, stdin: bool = False
 ) -> subprocess.Popen[bytes]:
     """Start git with its output on pipes (read bounded by the caller)."""
     try:
@@ -227,7 +230,7 @@ def _start_git(
             argv,
             env=env,
             cwd=str(work_tree),
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
@@ -244,12 +247,18 @@ def safe_git(
     timeout: float = 120,
     index_file: str | None = None,
     cgroup_procs: Sequence[str] = (),
+    deadline: Deadline | None = None,
 ) -> bytes:
     """Run `git ARGS` with the trusted `git_dir` over `work_tree`; return stdout.
 
-    Raises GitError with git's stderr when it fails.
+    Git is killed after `timeout` seconds, or when `deadline` (a budget
+    shared by several commands, perhaps on a clock that stops while the run
+    is paused) runs out: GitBudgetError. Raises GitError with git's stderr
+    when it fails.
     """
     git = _git_exe()
+    if deadline is None:
+        deadline = Deadline(timeout)
     with tempfile.TemporaryDirectory(prefix="corral-git-home-") as home:
         args = list(args)
         if args and args[0] in _DIFFING and "--no-ext-diff" not in args:
@@ -257,23 +266,40 @@ def safe_git(
         argv, env = _git_command(
             git, git_dir, work_tree, home, args, cgroup_procs=cgroup_procs, index_file=index_file
         )
-        try:
-            proc = subprocess.run(
-                argv,
-                env=env,
-                cwd=str(work_tree),
-                input=input_bytes,
-                capture_output=True,
-                timeout=timeout,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise GitError(f"git {' '.join(args[:2])} timed out after {timeout}s") from exc
+        proc = _start_git(argv, env, work_tree, " ".join(args[:1]), stdin=input_bytes is not None)
+        stdout, stderr = _communicate(proc, input_bytes, deadline, f"git {' '.join(args[:2])}")
     if proc.returncode != 0:
-        raise GitError(
-            f"git {' '.join(args[:3])} failed: {_exit_reason(proc.returncode, proc.stderr)}"
-        )
-    return proc.stdout
+        raise GitError(f"git {' '.join(args[:3])} failed: {_exit_reason(proc.returncode, stderr)}")
+    return stdout
+
+
+def _communicate(
+    proc: subprocess.Popen[bytes], input_bytes: bytes | None, deadline: Deadline, what: str
+) -> tuple[bytes, bytes]:
+    """`proc.communicate()` within `deadline`; killed and GitBudgetError past it.
+
+    Waits in stretches of what is left of the budget: when the run was
+    paused meanwhile, its clock stood still and there is budget left, so
+    the wait goes on rather than killing git, frozen with the run, on the
+    thaw. communicate() may be retried after a timeout without losing input
+    or output.
+    """
+    feed = input_bytes
+    try:
+        while True:
+            try:
+                return proc.communicate(feed, timeout=deadline.wait_s())
+            except subprocess.TimeoutExpired:
+                # The input is kept by the first call; a retry may not repeat it.
+                feed = None
+                if not deadline.expired():
+                    continue
+            break
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            proc.communicate()
+    raise GitBudgetError(f"{what} is over its wall-clock budget of {deadline.budget_s:g}s")
 
 
 @dataclass(frozen=True)
@@ -285,17 +311,24 @@ class TrustedRepo:
     budget: GitBudget = DEFAULT_GIT_BUDGET
     cgroup_procs: tuple[str, ...] = ()
     """`cgroup.procs` files every git process joins before it runs (the run's helpers)."""
+    clock: Clock = time.monotonic
+    """What `budget.timeout_s` is measured on: the run's `PausableClock`, so
+    that git frozen with a paused run is not killed for the pause."""
+
+    def deadline(self) -> Deadline:
+        """The wall-clock budget of one commit or snapshot, from now."""
+        return Deadline(self.budget.timeout_s, self.clock)
 
     def git(
-        self, *args: str, input_bytes: bytes | None = None, timeout: float | None = None
+        self, *args: str, input_bytes: bytes | None = None, deadline: Deadline | None = None
     ) -> bytes:
         return safe_git(
             self.git_dir,
             self.work_tree,
             args,
             input_bytes=input_bytes,
-            timeout=self.budget.timeout_s if timeout is None else timeout,
             cgroup_procs=self.cgroup_procs,
+            deadline=self.deadline() if deadline is None else deadline,
         )
 
     def init(self) -> None:
@@ -319,7 +352,7 @@ class TrustedRepo:
         over `budget` in apparent size, or the commit takes longer than its
         wall-clock budget.
         """
-        deadline = time.monotonic() + self.budget.timeout_s
+        deadline = self.deadline()
         total = 0
         entries: list[tuple[bytes, bytes, bytes]] = []  # (mode, sha, path)
         regular: list[tuple[bytes, bytes]] = []  # (mode, path)
@@ -330,12 +363,18 @@ class TrustedRepo:
             links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
             dirnames[:] = sorted(d for d in dirnames if d != b".git" and d not in links)
             for name in sorted(filenames + [d for d in links if d != b".git"]):
+                if deadline.expired():
+                    raise _over_budget(deadline)
                 full = os.path.join(dirpath, name)
                 rel = os.path.relpath(full, root)
                 st = os.lstat(full)
                 if stat.S_ISLNK(st.st_mode):
                     sha = self.git(
-                        "hash-object", "-w", "--stdin", input_bytes=os.readlink(full)
+                        "hash-object",
+                        "-w",
+                        "--stdin",
+                        input_bytes=os.readlink(full),
+                        deadline=deadline,
                     ).strip()
                     entries.append((b"120000", sha, rel))
                 elif stat.S_ISREG(st.st_mode):
@@ -353,7 +392,7 @@ class TrustedRepo:
                 "--no-filters",
                 "--stdin-paths",
                 input_bytes=b"".join(_c_quote(p) + b"\n" for _, p in regular),
-                timeout=_remaining(deadline),
+                deadline=deadline,
             ).split()
             entries += [(m, s, p) for (m, p), s in zip(regular, shas, strict=True)]
         with tempfile.TemporaryDirectory(prefix="corral-index-") as tmp:
@@ -365,8 +404,8 @@ class TrustedRepo:
                 ["update-index", "--add", "-z", "--index-info"],
                 input_bytes=info,
                 index_file=index,
-                timeout=_remaining(deadline),
                 cgroup_procs=self.cgroup_procs,
+                deadline=deadline,
             )
             tree = (
                 safe_git(
@@ -375,17 +414,18 @@ class TrustedRepo:
                     ["write-tree"],
                     index_file=index,
                     cgroup_procs=self.cgroup_procs,
+                    deadline=deadline,
                 )
                 .decode()
                 .strip()
             )
-        parent = self._head_or_none()
+        parent = self._head_or_none(deadline)
         args = ["commit-tree", tree, "-F", "-"] + (["-p", parent] if parent else [])
         # The message may quote an agent (its error text): on stdin rather than
         # argv, a NUL or an unpaired surrogate in it cannot fail the commit.
         body = message.replace("\0", "\\0").encode("utf-8", "backslashreplace")
-        commit = self.git(*args, input_bytes=body).decode().strip()
-        self.git("update-ref", "HEAD", commit)
+        commit = self.git(*args, input_bytes=body, deadline=deadline).decode().strip()
+        self.git("update-ref", "HEAD", commit, deadline=deadline)
         return commit
 
     def _check_size(self, rel: bytes, st: os.stat_result, total: int) -> None:
@@ -401,14 +441,17 @@ class TrustedRepo:
                 f"bytes (at {name!r})"
             )
 
-    def _head_or_none(self) -> str | None:
+    def _head_or_none(self, deadline: Deadline) -> str | None:
         try:
-            return self.head()
+            return self.head(deadline)
+        except GitBudgetError:
+            raise
         except GitError:
             return None
 
-    def head(self) -> str:
-        return self.git("rev-parse", "--verify", "--quiet", "HEAD").decode().strip()
+    def head(self, deadline: Deadline | None = None) -> str:
+        out = self.git("rev-parse", "--verify", "--quiet", "HEAD", deadline=deadline)
+        return out.decode().strip()
 
     def diff_stat(self, base: str, head: str = "HEAD") -> str:
         return self.git("diff", "--no-ext-diff", "--no-textconv", "--stat", base, head).decode(
@@ -430,12 +473,16 @@ class TrustedRepo:
             )
             proc = _start_git(argv, env, self.work_tree, "diff")
             assert proc.stdout is not None and proc.stderr is not None
+            deadline = self.deadline()
+            pipe = _PipeWithin(
+                proc.stdout.fileno(), deadline, f"git diff over {self.budget.timeout_s:g}s"
+            )
             chunks: list[bytes] = []
             got = 0
             cut = False
             try:
                 while got <= max_bytes:
-                    chunk = os.read(proc.stdout.fileno(), min(65536, max_bytes + 1 - got))
+                    chunk = pipe.read(min(65536, max_bytes + 1 - got))
                     if not chunk:
                         break
                     chunks.append(chunk)
@@ -443,11 +490,14 @@ class TrustedRepo:
                 if got > max_bytes:
                     cut = True
                     proc.kill()
+            except BaseException:
+                proc.kill()
+                raise
             finally:
                 proc.stdout.close()
                 stderr = proc.stderr.read(4096)
                 proc.stderr.close()
-                code = proc.wait(timeout=self.budget.timeout_s)
+                code = _wait_within(proc, deadline, "git diff")
         if not cut and code != 0:
             raise GitError(f"git diff failed: {_exit_reason(code, stderr)}")
         return b"".join(chunks)[:max_bytes], cut
@@ -473,12 +523,12 @@ class TrustedRepo:
         if not self.git("ls-tree", "--name-only", commit).strip():
             return skipped  # an empty tree archives to no tar stream at all
         budget = self.budget
-        deadline = time.monotonic() + budget.timeout_s
+        deadline = self.deadline()
         total = 0
 
         def only_safe(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
             nonlocal total
-            if time.monotonic() > deadline:
+            if deadline.expired():
                 raise GitBudgetError(f"snapshot of {commit[:12]} over {budget.timeout_s:g}s")
             total += member.size
             if member.size > budget.max_file_bytes or total > budget.max_total_bytes:
@@ -494,32 +544,62 @@ class TrustedRepo:
                 return None
 
         with _archive(self, commit) as stream:
-            # A watchdog, not a check between members: one member's data can
-            # take the whole budget to arrive. Killing git ends the stream.
-            timer = threading.Timer(budget.timeout_s, stream.kill)
-            timer.start()
+            # Every read waits on the deadline, not only the checks between
+            # members: one member's data can take the whole budget to arrive.
+            pipe = _PipeWithin(
+                stream.stdout.fileno(),
+                deadline,
+                f"snapshot of {commit[:12]} over {budget.timeout_s:g}s",
+            )
             try:
-                with _SparseTar.open(fileobj=stream.stdout, mode="r|") as tar:
+                with _SparseTar.open(fileobj=pipe, mode="r|") as tar:  # type: ignore[call-overload]
                     for member in tar:
                         tar.extract(member, dest, filter=only_safe)
             except tarfile.ReadError as exc:
-                if time.monotonic() > deadline:
-                    raise GitBudgetError(
-                        f"snapshot of {commit[:12]} over {budget.timeout_s:g}s"
-                    ) from exc
                 raise GitError(f"git archive {commit[:12]}: unreadable tar: {exc}") from exc
             except OSError as exc:
                 raise GitError(f"snapshot of {commit[:12]}: {exc.strerror or exc}") from exc
-            finally:
-                timer.cancel()
         return skipped
 
 
-def _remaining(deadline: float) -> float:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise GitBudgetError("host git work is over its wall-clock budget")
-    return left
+class _PipeWithin:
+    """Reads of a pipe that end in GitBudgetError when `deadline` runs out.
+
+    The wait for data is a select() of at most what is left of the budget,
+    re-checked on the deadline's clock: a pause of the run (git frozen, the
+    pipe silent) leaves the budget where it was.
+    """
+
+    def __init__(self, fd: int, deadline: Deadline, over: str) -> None:
+        self._fd = fd
+        self._deadline = deadline
+        self._over = over
+
+    def read(self, size: int = -1) -> bytes:
+        while True:
+            ready, _, _ = select.select([self._fd], [], [], self._deadline.wait_s())
+            if ready:
+                return os.read(self._fd, size if size > 0 else _COPY)
+            if self._deadline.expired():
+                raise GitBudgetError(self._over)
+
+
+def _wait_within(proc: subprocess.Popen[bytes], deadline: Deadline, what: str) -> int:
+    """`proc`'s exit code; killed (and GitBudgetError) once `deadline` runs out."""
+    while True:
+        try:
+            return proc.wait(timeout=deadline.wait_s())
+        except subprocess.TimeoutExpired:
+            if deadline.expired():
+                proc.kill()
+                proc.wait()
+                raise GitBudgetError(
+                    f"{what} is over its wall-clock budget of {deadline.budget_s:g}s"
+                ) from None
+
+
+def _over_budget(deadline: Deadline) -> GitBudgetError:
+    return GitBudgetError(f"host git work is over its wall-clock budget of {deadline.budget_s:g}s")
 
 
 def _check_unreserved(fd: int, size: int) -> None:

@@ -61,6 +61,7 @@ AREA_PREFIXES: tuple[tuple[str, str], ...] = (
     ("corral.display", "base"),
     ("corral.sqlrows", "base"),
     ("corral.usage", "base"),
+    ("corral.pauseclock", "base"),
     ("corral.watch", "base"),
     # The package itself only says where payload files lie (read as data);
     # its modules run inside sandboxes and are never imported by host code.
@@ -121,6 +122,7 @@ ONLY: Mapping[str, frozenset[str]] = {
 PURE: frozenset[str] = frozenset(
     {
         "corral.errors",
+        "corral.pauseclock",
         "corral.sandbox.spec",
         "corral.sandbox.bwrap",
         "corral.sandbox.units",

@@ -49,6 +49,7 @@ from corral.broker.journal import Journal
 from corral.broker.mcp_policy import McpPolicy, McpServerConfig, decide_tool_call
 from corral.broker.policy import Decision, DecisionContext, Policy
 from corral.errors import AgentError
+from corral.pauseclock import Clock, Deadline
 
 if TYPE_CHECKING:
     from mcp import Client
@@ -156,10 +157,13 @@ class McpGateway:
         """The endpoint's path, to append to a broker route's URL."""
         return f"/{server}/mcp"
 
-    def start(self, timeout: float = 60.0) -> str:
-        """Start every server and the HTTP endpoint; the base URL. AgentError on failure."""
+    def start(self, timeout: float = 60.0, clock: Clock = time.monotonic) -> str:
+        """Start every server and the HTTP endpoint; the base URL. AgentError on failure.
+
+        `timeout` is measured on `clock` (a run's, which stops while it is paused).
+        """
         self.begin()
-        self.wait_ready(timeout)
+        self.wait_ready(timeout, clock)
         return self.url
 
     def begin(self) -> str:
@@ -183,11 +187,13 @@ class McpGateway:
         self._thread.start()
         return self.url
 
-    def wait_ready(self, timeout: float = 60.0) -> None:
+    def wait_ready(self, timeout: float = 60.0, clock: Clock = time.monotonic) -> None:
         """Return once every server answered; AgentError (gateway closed) otherwise."""
-        if not self._ready.wait(timeout):
-            self.close()
-            raise AgentError(f"the MCP gateway did not start within {timeout:g} s")
+        deadline = Deadline(timeout, clock)
+        while not self._ready.wait(deadline.wait_s()):
+            if deadline.expired():
+                self.close()
+                raise AgentError(f"the MCP gateway did not start within {timeout:g} s")
         if self._error is not None:
             self.close()
             raise AgentError(f"the MCP gateway failed to start: {self._error}") from self._error

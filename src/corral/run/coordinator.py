@@ -68,7 +68,7 @@ from corral.run.environments import (
 from corral.run.envnet import missing_secrets
 from corral.run.forward import probe_ready
 from corral.run.mission import Mission, ProviderRef, parse_mission, parse_provider
-from corral.run.pause import active_clock, wait_unpaused
+from corral.run.pause import active_clock, publish_pauses, wait_unpaused
 from corral.run.product_io import ensure_data_dir, probe_all, strip_data_setid
 from corral.run.progress import Progress
 from corral.run.prompt import build_prompt
@@ -423,7 +423,7 @@ class Coordinator:
                 self.layout.transcripts / "provider.jsonl",
                 self._cg.helper_procs("provider"),
                 self.layout.root / "helpers" / "provider.log",
-                paused=store.paused,
+                clock=self._clock(),
             )
             try:
                 self._provider_url = self._provider.start()
@@ -482,6 +482,7 @@ class Coordinator:
                 self._on_forward,
                 self._cg.helper_procs("forward"),
                 self.layout.root / "helpers" / "forward.log",
+                clock=self._clock(),
             )
         except HelperError as exc:
             self._journal_event("helper_failed", str(exc)[:500], decision="deny")
@@ -518,7 +519,9 @@ class Coordinator:
         token = secrets.token_hex(3)
         restored = ws.with_name(f"workspace.restore-{token}")
         # git runs with its cwd in the work tree: use the run directory for that.
-        repo = TrustedRepo(self.layout.git_dir, self.layout.root, cgroup_procs=self._git_cg())
+        repo = TrustedRepo(
+            self.layout.git_dir, self.layout.root, cgroup_procs=self._git_cg(), clock=self._clock()
+        )
         _snapshot(repo, commit, restored)
         aside = ws.with_name(f"workspace.discarded-{token}")
         if ws.exists():
@@ -549,7 +552,10 @@ class Coordinator:
         try:
             procs = self._cg.helper_procs("report") if self._cg and self._cg.exists() else ()
             render_report_in_helper(
-                self.layout.root, procs, self.layout.root / "helpers" / "report.log"
+                self.layout.root,
+                procs,
+                self.layout.root / "helpers" / "report.log",
+                clock=self._clock(),
             )
         except CorralError as exc:
             self._journal_event("report_failed", str(exc)[:500], decision="deny")
@@ -602,6 +608,10 @@ class Coordinator:
     def _tick(self, store: Store | None = None) -> None:
         allowed, denied = journal_counts(self.layout.journal, self.run_id)
         self.progress.update(allowed=allowed, denied=denied)
+
+    def _clock(self) -> Callable[[], float]:
+        """The run's clock: it stops while the run is paused (`corral.pauseclock`)."""
+        return active_clock(self._paused_s)
 
     def _git_cg(self) -> tuple[str, ...]:
         """Host git on the workspace runs in the run's `helpers` cgroup, charged to the run."""
@@ -672,7 +682,12 @@ class Coordinator:
         self._tick()  # the agent's last calls, before the display moves on
         self.progress.update(phase="commit", activity="committing the workspace")
         self._strip_setid()
-        repo = TrustedRepo(self.layout.git_dir, self.layout.workspace, cgroup_procs=self._git_cg())
+        repo = TrustedRepo(
+            self.layout.git_dir,
+            self.layout.workspace,
+            cgroup_procs=self._git_cg(),
+            clock=self._clock(),
+        )
         sha = repo.commit_all(f"session {n}: {end_reason}")
         store.update_session(n, commit_sha=sha, phase="product")
         store.update_run(last_commit=sha)
@@ -778,6 +793,11 @@ class Coordinator:
         """The product and the checks, their kernel denials journaled (env product/verifier)."""
         from corral.broker.kernel_denials import open_watch
 
+        # The check runners read the pauses from this file: start them from
+        # the durable record (a stop or crash while paused may have left an
+        # open pause in it, which would stretch their own timeouts).
+        with contextlib.suppress(OSError):
+            publish_pauses(self.layout, store.pause_intervals)
         with contextlib.ExitStack() as stack:
             # Opened before the product starts, so that no early denial is missed.
             self._kdenials = open_watch(stack, self._journal)

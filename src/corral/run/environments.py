@@ -103,6 +103,12 @@ class RunLayout:
         return self.root / "tools"
 
     @property
+    def pauses(self) -> Path:
+        """The run's pauses for code frozen with it (`corral.run.pause`): next to
+        the check runner in `tools`, which every verifier sandbox binds read-only."""
+        return self.tools / "pauses.json"
+
+    @property
     def checks(self) -> Path:
         return self.root / "checks"
 

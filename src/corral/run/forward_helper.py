@@ -27,12 +27,14 @@ import contextlib
 import re
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from corral.errors import HelperError
+from corral.pauseclock import Clock
 from corral.run.helpers import Helper
 from corral.sandbox.backend import NamespaceNet
 
@@ -51,13 +53,23 @@ class HelperForwarder:
     """Relays verifier connections to the product's port from the `forward` helper."""
 
     def __init__(
-        self, on_connect: Callable[[str], None], cgroup_procs: Sequence[str], log: Path
+        self,
+        on_connect: Callable[[str], None],
+        cgroup_procs: Sequence[str],
+        log: Path,
+        clock: Clock = time.monotonic,
     ) -> None:
+        """`clock`: what the helper's start is timed on (the run's: a pause does not count)."""
         self._on_connect = on_connect
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._helper = Helper.spawn(
-                "forward", (str(theirs.fileno()),), cgroup_procs, log, pass_fds=(theirs.fileno(),)
+                "forward",
+                (str(theirs.fileno()),),
+                cgroup_procs,
+                log,
+                pass_fds=(theirs.fileno(),),
+                clock=clock,
             )
         except BaseException:
             ours.close()

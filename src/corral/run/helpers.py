@@ -29,11 +29,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
 from corral.errors import HelperError
+from corral.pauseclock import Clock, Deadline
 
 __all__ = ["Helper", "ProviderHelper", "render_report_in_helper"]
 
@@ -65,10 +66,15 @@ def _tail(path: Path, limit: int = 600) -> str:
 class Helper:
     """One helper process in `helpers-<name>`; use `spawn()`, then `close()`."""
 
-    def __init__(self, name: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    def __init__(
+        self, name: str, proc: subprocess.Popen[bytes], log: Path, clock: Clock = time.monotonic
+    ) -> None:
+        """`clock`: what `read_line` and `wait` time out on; the run's, which
+        stops while the run (and this helper, frozen with it) is paused."""
         self.name = name
         self.proc = proc
         self.log = log
+        self.clock = clock
         self._buf = b""
 
     @classmethod
@@ -79,6 +85,8 @@ class Helper:
         cgroup_procs: Sequence[str],
         log: Path,
         pass_fds: Sequence[int] = (),
+        *,
+        clock: Clock = time.monotonic,
     ) -> Helper:
         """Start helper `name` inside the cgroup whose `cgroup.procs` files are given.
 
@@ -118,7 +126,7 @@ class Helper:
                 )
         except OSError as exc:
             raise HelperError(f"the {name} helper could not start: {exc}") from exc
-        return cls(name, proc, log)
+        return cls(name, proc, log, clock)
 
     def poll(self) -> int | None:
         return self.proc.poll()
@@ -138,14 +146,13 @@ class Helper:
         """The helper's next line (without its newline), at most `_LINE_MAX` bytes."""
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
-        deadline = time.monotonic() + timeout_s
+        deadline = Deadline(timeout_s, self.clock)
         while b"\n" not in self._buf:
             if len(self._buf) > _LINE_MAX:
                 raise HelperError(f"the {self.name} helper said a line over {_LINE_MAX} bytes")
-            left = deadline - time.monotonic()
-            if left <= 0:
+            if deadline.expired():
                 raise HelperError(f"the {self.name} helper did not answer within {timeout_s:g} s")
-            ready, _, _ = select.select([fd], [], [], left)
+            ready, _, _ = select.select([fd], [], [], deadline.wait_s())
             if not ready:
                 continue
             chunk = os.read(fd, _LINE_MAX + 1 - len(self._buf))
@@ -172,13 +179,15 @@ class Helper:
 
     def wait(self, timeout_s: float) -> int:
         """The helper's exit code; killed (and HelperError) past `timeout_s`."""
-        try:
-            return self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.close()
-            raise HelperError(
-                f"the {self.name} helper did not finish within {timeout_s:g} s"
-            ) from None
+        deadline = Deadline(timeout_s, self.clock)
+        while True:
+            try:
+                return self.proc.wait(timeout=deadline.wait_s())
+            except subprocess.TimeoutExpired:
+                if deadline.expired():
+                    break
+        self.close()
+        raise HelperError(f"the {self.name} helper did not finish within {timeout_s:g} s")
 
     def close(self, grace_s: float = 5.0) -> None:
         """End the helper: stdin closed (it exits), SIGKILL past `grace_s`."""
@@ -204,13 +213,14 @@ class ProviderHelper:
         transcript: Path,
         cgroup_procs: Sequence[str],
         log: Path,
-        paused: Callable[[], bool] = lambda: False,
+        clock: Clock = time.monotonic,
     ) -> None:
-        """`paused`: whether the run is paused (a frozen helper answers only once thawed)."""
+        """`clock`: the run's, which stops while it is paused (a helper frozen
+        with the run answers only once thawed)."""
         self._args = (str(scenario), str(transcript))
         self._cgroup_procs = tuple(cgroup_procs)
         self._log = log
-        self._paused = paused
+        self._clock = clock
         self._helper: Helper | None = None
         self.last_tokens = 0
         """The last count the helper gave (what is known once it is gone)."""
@@ -220,7 +230,9 @@ class ProviderHelper:
         return self._helper.proc.pid if self._helper is not None else None
 
     def start(self, timeout_s: float = 30.0) -> str:
-        self._helper = Helper.spawn("provider", self._args, self._cgroup_procs, self._log)
+        self._helper = Helper.spawn(
+            "provider", self._args, self._cgroup_procs, self._log, clock=self._clock
+        )
         line = self._helper.read_line(timeout_s)
         url = line.removeprefix("ready ")
         if not line.startswith("ready ") or not _URL.match(url):
@@ -239,16 +251,7 @@ class ProviderHelper:
         """What the provider's replies reported (HelperError if it is gone)."""
         assert self._helper is not None
         self._helper.say("tokens")
-        waited = 0.0
-        while True:
-            try:
-                line = self._helper.read_line(1.0)
-                break
-            except HelperError:
-                # Paused time does not count: the run may be frozen with it.
-                if self._helper.poll() is not None or (waited >= 10.0 and not self._paused()):
-                    raise
-                waited += 0.0 if self._paused() else 1.0
+        line = self._helper.read_line(10.0)
         if not _TOKENS.match(line):
             raise HelperError(f"the provider helper gave no token count: {line[:80]!r}")
         self.last_tokens = int(line.split()[1])
@@ -260,13 +263,18 @@ class ProviderHelper:
 
 
 def render_report_in_helper(
-    run_dir: Path, cgroup_procs: Sequence[str], log: Path, timeout_s: float = 120.0
+    run_dir: Path,
+    cgroup_procs: Sequence[str],
+    log: Path,
+    timeout_s: float = 120.0,
+    clock: Clock = time.monotonic,
 ) -> None:
     """Render report.md (and its plot) of `run_dir` in the `report` helper.
 
-    Raises HelperError when it cannot join the run cgroup, fails or overruns.
+    Raises HelperError when it cannot join the run cgroup, fails or overruns
+    `timeout_s` on `clock` (the run's: a pause does not count).
     """
-    helper = Helper.spawn("report", (str(run_dir),), cgroup_procs, log)
+    helper = Helper.spawn("report", (str(run_dir),), cgroup_procs, log, clock=clock)
     try:
         code = helper.wait(timeout_s)
     finally:

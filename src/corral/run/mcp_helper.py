@@ -23,11 +23,13 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from corral.errors import AgentError, HelperError
+from corral.pauseclock import Clock
 from corral.run.helpers import Helper
 
 if TYPE_CHECKING:
@@ -62,9 +64,14 @@ class McpHelper:
         cgroup_procs: Sequence[str],
         log: Path,
         timeout_s: float = 60.0,
+        clock: Clock = time.monotonic,
+        pauses: Path | None = None,
     ) -> McpHelper:
         """The gateway, ready; AgentError when it or a server did not start
-        (HelperError, an AgentError's sibling, when it could not join the run)."""
+        (HelperError, an AgentError's sibling, when it could not join the run).
+
+        `clock` times the wait here; `pauses` (the run's published pauses)
+        times the gateway's own wait for its servers, in the helper."""
         config = scratch / "gateway.json"
         config.write_text(
             json.dumps(
@@ -74,12 +81,13 @@ class McpHelper:
                     "scratch": str(scratch),
                     "journal": str(journal_path),
                     "run": run_id,
+                    "pauses": None if pauses is None else str(pauses),
                 }
             ),
             encoding="utf-8",
         )
         config.chmod(0o600)
-        helper = Helper.spawn("mcp", (str(config),), cgroup_procs, log)
+        helper = Helper.spawn("mcp", (str(config),), cgroup_procs, log, clock=clock)
         try:
             line = helper.read_line(timeout_s)
         except HelperError as exc:
@@ -109,6 +117,8 @@ def serve_gateway(config_path: str) -> int:
     from corral.broker.journal import Journal
     from corral.broker.mcp_gateway import McpGateway
     from corral.broker.mcp_policy import McpPolicy
+    from corral.pauseclock import PausableClock
+    from corral.run.pause import file_paused_s
     from corral.run.session import mcp_launcher
 
     doc = json.loads(Path(config_path).read_text(encoding="utf-8"))
@@ -125,8 +135,11 @@ def serve_gateway(config_path: str) -> int:
             corral=mcp_launcher(doc["run"]),
             journal_path=doc["journal"],
         )
+        # Frozen with the run, its own clock runs on: the published pauses stop it.
+        pauses = doc.get("pauses")
+        clock = PausableClock(file_paused_s(Path(pauses))) if pauses else time.monotonic
         try:
-            url = gateway.start(timeout=60.0)
+            url = gateway.start(timeout=60.0, clock=clock)
         except AgentError as exc:
             sys.stderr.write(f"corral mcp helper: {exc}\n")
             gateway.close()

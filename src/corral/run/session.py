@@ -202,7 +202,7 @@ def run_session(plan: SessionPlan, *, journal: Journal, hooks: SessionHooks) -> 
         gone: Callable[[], CorralError | None] = _no_helper
         if plan.mcp is not None and plan.mcp.servers:
             try:
-                gateway = _start_gateway(plan, journal, stack)
+                gateway = _start_gateway(plan, journal, stack, hooks.paused_s)
             except (AgentError, HelperError) as exc:
                 _event(journal, plan.identity, "refused", f"MCP: {exc}", decision="deny")
                 return SessionOutcome(f"refused: {exc}", None, None, None, refused="mcp")
@@ -222,14 +222,17 @@ def _no_helper() -> CorralError | None:
 
 
 def _start_gateway(
-    plan: SessionPlan, journal: Journal, stack: contextlib.ExitStack
+    plan: SessionPlan,
+    journal: Journal,
+    stack: contextlib.ExitStack,
+    paused_s: Callable[[float, float], float],
 ) -> McpGateway | McpHelper:
     from corral.broker.mcp_gateway import McpGateway
 
     assert plan.mcp is not None
     plan.mcp_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     if plan.run_cgroup is not None:
-        return _start_gateway_helper(plan, stack)
+        return _start_gateway_helper(plan, stack, paused_s)
     gateway = McpGateway(
         plan.mcp,
         journal,
@@ -245,7 +248,11 @@ def _start_gateway(
     return gateway
 
 
-def _start_gateway_helper(plan: SessionPlan, stack: contextlib.ExitStack) -> McpHelper:
+def _start_gateway_helper(
+    plan: SessionPlan, stack: contextlib.ExitStack, paused_s: Callable[[float, float], float]
+) -> McpHelper:
+    from corral.pauseclock import PausableClock
+    from corral.run.environments import RunLayout
     from corral.run.mcp_helper import McpHelper
     from corral.run.runcg import RunCgroup
 
@@ -260,6 +267,9 @@ def _start_gateway_helper(plan: SessionPlan, stack: contextlib.ExitStack) -> Mcp
         run_id=plan.run_cgroup,
         cgroup_procs=cg.helper_procs("mcp") if cg is not None and cg.exists() else (),
         log=plan.mcp_dir / "gateway.log",
+        # Its start is timed on the run's clock: a pause meanwhile freezes it.
+        clock=PausableClock(paused_s),
+        pauses=RunLayout(plan.journal_path.parent).pauses,
     )
     stack.callback(gateway.close)
     return gateway

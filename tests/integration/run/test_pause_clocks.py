@@ -198,3 +198,61 @@ def test_the_watchdog_pauses_a_run_mid_session_when_the_agent_eats_host_memory(
     assert _beat(run_dir) == beat0
     with Store(run_dir / "state.sqlite", readonly=True) as s:
         assert s.run().state == "stopped"
+
+
+def _check_paused_midway(tmp_path: Path) -> tuple[list[Any], str]:
+    """Session 1's first check, paused for longer than its timeout while it runs."""
+    from corral.run.environments import RunLayout
+    from corral.run.pause import pause_run, thaw_run
+
+    rid = new_id()
+    run_dir = tmp_path / "runs" / rid
+    cdir = run_dir / "sessions" / "session-1" / "check-0"
+    out, began = cdir / "stdout.log", cdir / "began"
+    # The check's output reaches stdout.log only at its end: it marks its
+    # start in its own (writable) scratch directory.
+    mission = write_mission(
+        tmp_path / "m", check_cmd=f"touch {began}; sleep 2; echo checked", check_timeout="3s"
+    )
+    proc = start_corral(
+        "run", str(mission), "--plain", "--id", rid, "--runs-dir", str(tmp_path / "runs"),
+        cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        wait_for(began.exists, 90, "the check")
+        layout = RunLayout(run_dir)
+        assert pause_run(layout)
+        seen = out.read_bytes() if out.exists() else b""
+        # Longer than the check's whole timeout: a clock that counted it kills the check.
+        time.sleep(5.0)
+        assert thaw_run(layout)
+        wait_for(lambda: bool(_checks(run_dir, 1)), 60, "session 1's check results")
+        stopped = _cli(tmp_path, "stop", rid)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # The pause came while the check was in its `sleep`, not after it.
+    assert b"checked" not in seen, seen
+    with Store(run_dir / "state.sqlite", readonly=True) as s:
+        ((start, end),) = s.pause_intervals()
+        assert end is not None and end - start >= 5.0
+    return _checks(run_dir, 1), out.read_text()
+
+
+def _checks(run_dir: Path, n: int) -> list[Any]:
+    try:
+        with Store(run_dir / "state.sqlite", readonly=True) as s:
+            return s.checks(n)
+    except Exception:
+        return []
+
+
+def test_a_check_paused_for_longer_than_its_timeout_passes_after_resume(tmp_path: Path) -> None:
+    results, output = _check_paused_midway(tmp_path)
+    fixed = next(r for r in results if r.name == "fixed")
+    # Judged by the check runner's exit status as the sandbox reported it.
+    assert fixed.passed, fixed
+    assert fixed.reason == "passed" and "checked" in output, (fixed, output)
