@@ -46,8 +46,14 @@ static int conn = -1;
 static volatile sig_atomic_t first_signal = 0;
 static sigset_t caller_mask; /* the mask we were started with, which the Python CLI inherits */
 
+static int required = 0; /* CORRAL_LAUNCHER=require: no fallback (tests, benchmarks) */
+
 /* Run the Python CLI with the same arguments; never returns. */
 static void fallback(int argc, char **argv, int start_launcher) {
+    if (required) {
+        fputs("corral exec: the launcher is not available (CORRAL_LAUNCHER=require)\n", stderr);
+        _exit(125);
+    }
     char **args = calloc((size_t)argc + 6, sizeof(char *));
     if (args == NULL) {
         fputs("corral: out of memory\n", stderr);
@@ -163,6 +169,7 @@ int main(int argc, char **argv) {
     const char *mode = getenv("CORRAL_LAUNCHER");
     if (mode != NULL && strcmp(mode, "off") == 0)
         fallback(argc, argv, 0);
+    required = mode != NULL && strcmp(mode, "require") == 0;
     /* A terminal needs corral's pty relay in the foreground process group, which a
      * worker of the launcher is not part of: terminals take the Python path. */
     for (int fd = 0; fd < 3; fd++) {

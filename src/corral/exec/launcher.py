@@ -100,20 +100,16 @@ BUILD_ID = f"{PROTOCOL} {tag()}"
 def launcher_socket(environ: dict[str, str] | None = None) -> Path:
     """The launcher's socket: `$CORRAL_LAUNCHER_SOCKET`, else in the per-user 0700 directory.
 
-    The base is `$XDG_RUNTIME_DIR`, else `$TMPDIR`, else /tmp (absolute paths
-    only): the same rule the compiled front end applies (`_frontend/frontend.c`).
+    The base directory follows `sockdirs.runtime_base`, the rule the compiled
+    front end applies too (`_frontend/frontend.c`).
     """
+    from corral.exec.sockdirs import launcher_dir
+
     env = os.environ if environ is None else environ
     override = env.get("CORRAL_LAUNCHER_SOCKET", "")
     if override.startswith("/"):
         return Path(override)
-    base = "/tmp"
-    for name in ("XDG_RUNTIME_DIR", "TMPDIR"):
-        value = env.get(name, "")
-        if value.startswith("/"):
-            base = value
-            break
-    return Path(base) / f"corral-{os.getuid()}" / "launcher" / f"{tag()}.sock"
+    return Path(launcher_dir(env)) / f"{tag()}.sock"
 
 
 def _package_dirs(root: str) -> list[str]:
