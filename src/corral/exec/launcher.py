@@ -30,6 +30,7 @@ leaves its workers (each owns its own sandbox and client) running to the end.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import fcntl
@@ -448,11 +449,18 @@ def _run(args: tuple[str, ...], watch: _ConnWatch) -> int:
 
 
 def _finish_threads() -> None:
+    """What the interpreter's shutdown would do for `corral exec`: join threads, run atexit.
+
+    The worker starts with none (`atexit._clear()` after the fork), so every
+    one here is its own (egress through the broker registers some).
+    """
     import threading
 
     for t in threading.enumerate():
         if t is not threading.main_thread() and not t.daemon:
             t.join()
+    if atexit._ncallbacks():
+        atexit._run_exitfuncs()
 
 
 # --- the launcher process --------------------------------------------------------------------
@@ -591,6 +599,8 @@ def serve(path: Path, *, idle_s: float = 300.0, ready_fd: int | None = None) -> 
                             signal.signal(s, signal.SIG_DFL)
                         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
                         os.setsid()
+                        # The launcher's exit handlers are not the worker's to run.
+                        atexit._clear()
                         watch.close()
                         status = _worker(conn)
                     except BaseException:

@@ -37,6 +37,11 @@ from .test_cli_contract import (
     test_layers_reported,
     test_private_workspace_and_file_ownership,
 )
+from .test_egress import (
+    test_allowlisted_reachable_others_denied_and_journaled,
+    test_no_egress_without_allow,
+    upstream,
+)
 from .test_isolation import (
     test_caller_secrets_absent_from_environment,
     test_home_canary_unreadable,
@@ -48,13 +53,16 @@ pytestmark = [pytest.mark.requires_sandbox]
 
 __all__ = [
     # The existing `corral exec` tests, run here through the front end (`corral_exec` below).
+    "test_allowlisted_reachable_others_denied_and_journaled",
     "test_caller_secrets_absent_from_environment",
     "test_exit_status_is_the_commands_own",
     "test_home_canary_unreadable",
     "test_killed_by_signal",
     "test_layers_reported",
+    "test_no_egress_without_allow",
     "test_private_workspace_and_file_ownership",
     "test_writes_outside_workspace_do_not_reach_host",
+    "upstream",
 ]
 
 CLIENT = Path(__file__).with_name("launcher_client.py")
