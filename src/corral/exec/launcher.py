@@ -579,14 +579,20 @@ def serve(path: Path, *, idle_s: float = 300.0, ready_fd: int | None = None) -> 
                 if watch.changed():
                     # Make way for a launcher running the new code, then say so.
                     if _same_socket(path, ident):
-                        os.unlink(path)
+                        with contextlib.suppress(OSError):
+                            os.unlink(path)
                     os.close(lock)
                     lock = -1
                     _send(conn, "R stale")
                     break
                 sys.stdout.flush()
                 sys.stderr.flush()
-                pid = os.fork()
+                try:
+                    pid = os.fork()
+                except OSError as exc:
+                    # Nothing ran: the client runs the Python CLI instead.
+                    _send(conn, f"R cannot fork: {exc.strerror}")
+                    continue
                 if pid == 0:
                     status = 0
                     try:
