@@ -12,7 +12,7 @@
  * Built by corral/exec/frontend.py with the configuration below defined on
  * the command line (as C string literals):
  *   CORRAL_PYTHON  the interpreter,   CORRAL_SRC  the directory holding the package,
- *   CORRAL_BUILD_ID  "corral-launcher-1 <tag>",   CORRAL_TAG  the socket's name.
+ *   CORRAL_BUILD_ID  "corral-launcher-2 <tag>",   CORRAL_TAG  the socket's name.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -206,6 +207,26 @@ int main(int argc, char **argv) {
     int ok = puts0(&body, CORRAL_BUILD_ID);
     snprintf(num, sizeof num, "%o", (unsigned)mask);
     ok = ok && puts0(&body, num);
+    /* The caller's resource limits: `corral exec` would have inherited them. */
+    static const int resources[] = {RLIMIT_CPU,     RLIMIT_FSIZE,   RLIMIT_DATA,    RLIMIT_STACK,
+                                    RLIMIT_CORE,    RLIMIT_RSS,     RLIMIT_NPROC,   RLIMIT_NOFILE,
+                                    RLIMIT_MEMLOCK, RLIMIT_AS,      RLIMIT_LOCKS,   RLIMIT_SIGPENDING,
+                                    RLIMIT_MSGQUEUE, RLIMIT_NICE,   RLIMIT_RTPRIO,  RLIMIT_RTTIME};
+    char limits[16 * 48] = "";
+    size_t used = 0;
+    for (size_t i = 0; i < sizeof resources / sizeof resources[0]; i++) {
+        struct rlimit rl;
+        if (getrlimit(resources[i], &rl) != 0)
+            fallback(argc, argv, 0);
+        long long soft = rl.rlim_cur == RLIM_INFINITY ? -1 : (long long)rl.rlim_cur;
+        long long hard = rl.rlim_max == RLIM_INFINITY ? -1 : (long long)rl.rlim_max;
+        int n = snprintf(limits + used, sizeof limits - used, "%s%d:%lld:%lld", used ? "," : "",
+                         resources[i], soft, hard);
+        if (n < 0 || (size_t)n >= sizeof limits - used)
+            fallback(argc, argv, 0);
+        used += (size_t)n;
+    }
+    ok = ok && puts0(&body, limits);
     snprintf(num, sizeof num, "%d", argc - 1);
     ok = ok && puts0(&body, num);
     for (int i = 1; ok && i < argc; i++)

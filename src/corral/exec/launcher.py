@@ -10,7 +10,8 @@ Wire (client -> launcher), on one SOCK_STREAM connection:
 
     "CRL1" u32-be LENGTH, with SCM_RIGHTS [stdin, stdout, stderr, cwd (O_DIRECTORY)]
     LENGTH bytes: NUL-terminated fields
-        BUILD_ID, UMASK (octal), ARGC, ARGV[0..ARGC) ("exec", options, "--", cmd...), ENV...
+        BUILD_ID, UMASK (octal), RLIMITS ("RES:SOFT:HARD,...", -1 = unlimited),
+        ARGC, ARGV[0..ARGC) ("exec", options, "--", cmd...), ENV...
     then, at any time: one byte per signal the client received (SIGINT/SIGTERM/SIGHUP)
 
     launcher -> client: "R <reason>\\n" refused before anything ran (the client
@@ -63,7 +64,7 @@ __all__ = [
     "tree_stamp",
 ]
 
-PROTOCOL = "corral-launcher-1"
+PROTOCOL = "corral-launcher-2"
 MAGIC = b"CRL1"
 #: The request body (argv + environment): the kernel's own ARG_MAX for a whole execve.
 MAX_BODY = 2 << 20
@@ -228,6 +229,7 @@ class LaunchRequest:
 
     build_id: str
     umask: int
+    rlimits: tuple[tuple[int, int, int], ...]
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
 
@@ -243,28 +245,66 @@ def parse_request(body: bytes, nfds: int) -> LaunchRequest:
     fields = body[:-1].split(b"\0")
     if len(fields) > MAX_FIELDS:
         raise LaunchRequestError("too many fields")
-    if len(fields) < 3:
+    if len(fields) < 4:
         raise LaunchRequestError("request too short")
     build_id = fields[0].decode("ascii", "replace")
     try:
         umask = int(fields[1], 8)
-        argc = int(fields[2])
+        rlimits = _rlimits(fields[2])
+        argc = int(fields[3])
     except ValueError:
-        raise LaunchRequestError("bad umask or argc") from None
+        raise LaunchRequestError("bad umask, rlimits or argc") from None
     if not 0 <= umask <= 0o777:
         raise LaunchRequestError("bad umask")
-    if not 1 <= argc <= len(fields) - 3:
+    if not 1 <= argc <= len(fields) - 4:
         raise LaunchRequestError("bad argc")
-    argv = tuple(os.fsdecode(f) for f in fields[3 : 3 + argc])
+    argv = tuple(os.fsdecode(f) for f in fields[4 : 4 + argc])
     if argv[0] != "exec":
         raise LaunchRequestError("the launcher serves only `corral exec`")
     env: list[tuple[str, str]] = []
-    for raw in fields[3 + argc :]:
+    for raw in fields[4 + argc :]:
         name, eq, value = raw.partition(b"=")
         if not eq or not name:
             continue  # execve keeps such entries; os.environ cannot hold them
         env.append((os.fsdecode(name), os.fsdecode(value)))
-    return LaunchRequest(build_id=build_id, umask=umask, argv=argv, env=tuple(env))
+    return LaunchRequest(build_id=build_id, umask=umask, rlimits=rlimits, argv=argv, env=tuple(env))
+
+
+_MAX_RLIMITS = 32
+
+
+def _rlimits(raw: bytes) -> tuple[tuple[int, int, int], ...]:
+    """`RES:SOFT:HARD,...` (-1 = RLIM_INFINITY); ValueError when malformed."""
+    if not raw:
+        return ()
+    out: list[tuple[int, int, int]] = []
+    for item in raw.split(b","):
+        res, soft, hard = (int(x) for x in item.split(b":"))
+        if not 0 <= res < 64 or soft < -1 or hard < -1:
+            raise ValueError(item)
+        out.append((res, soft, hard))
+    if len(out) > _MAX_RLIMITS:
+        raise ValueError("too many rlimits")
+    return tuple(out)
+
+
+def _apply_rlimits(rlimits: tuple[tuple[int, int, int], ...]) -> None:
+    """The caller's resource limits, as `corral exec` would have inherited them.
+
+    A limit above the launcher's own hard limit cannot be raised (EPERM
+    without CAP_SYS_RESOURCE): the request is refused then, as nothing ran yet.
+    """
+    import resource
+
+    for res, soft, hard in rlimits:
+        lim = (
+            resource.RLIM_INFINITY if soft < 0 else soft,
+            resource.RLIM_INFINITY if hard < 0 else hard,
+        )
+        try:
+            resource.setrlimit(res, lim)
+        except (OSError, ValueError) as exc:
+            raise LaunchRequestError(f"rlimit {res}: {exc}") from exc
 
 
 def _recv_request(conn: socket.socket) -> tuple[bytes, list[int]]:
@@ -387,6 +427,7 @@ def _worker(conn: socket.socket) -> int:
 
         if not stat.S_ISDIR(os.fstat(fds[3]).st_mode):
             raise LaunchRequestError("cwd is not a directory")
+        _apply_rlimits(req.rlimits)
     except (LaunchRequestError, OSError) as exc:
         _close_all(fds)
         _send(conn, f"R {exc}"[:200])

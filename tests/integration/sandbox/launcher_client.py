@@ -21,7 +21,7 @@ def request(path: str, build_id: str, argv: list[str]) -> str:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(30)
     sock.connect(path)
-    fields = [build_id, f"{os.umask(0o022):o}", str(len(argv)), *argv]
+    fields = [build_id, f"{os.umask(0o022):o}", "", str(len(argv)), *argv]
     fields += [f"{k}={v}" for k, v in os.environ.items()]
     body = b"".join(os.fsencode(f) + b"\0" for f in fields)
     cwd = os.open(".", os.O_RDONLY | os.O_DIRECTORY)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import select
 import shutil
 import signal
@@ -231,9 +232,19 @@ _CASES = {
     "bad-option-value": (("--memory", "lots"), ("true",)),
     "unknown-option": (("--no-such-flag",), ("true",)),
     "cwd-umask-env": ((), ("sh", "-c", 'pwd; umask; echo "$LANG"')),
+    "rlimits": ((), ("sh", "-c", "ulimit -n; ulimit -c; ulimit -s")),
     "stdin": ((), ("sh", "-c", "cat; echo end")),
     "dry-run": (("--dry-run",), ("true",)),
 }
+
+
+def _caller_state() -> None:
+    """A caller whose umask and resource limits differ from the launcher's."""
+    os.umask(0o027)
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (200, nofile))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_STACK, (4 << 20, resource.RLIM_INFINITY))
 
 
 @pytest.mark.parametrize("case", sorted(_CASES))
@@ -255,7 +266,7 @@ def test_same_outcome_as_the_python_cli(
             env=env,
             timeout=60,
             check=False,
-            preexec_fn=lambda: os.umask(0o027),
+            preexec_fn=_caller_state,
         )
         outcomes.append((proc.returncode, proc.stdout, proc.stderr))
     assert outcomes[1] == outcomes[0]

@@ -19,28 +19,32 @@ def _body(*fields: str) -> bytes:
 
 def test_a_request_decodes() -> None:
     req = parse_request(
-        _body(launcher.BUILD_ID, "27", "3", "exec", "--", "true", "A=1", "B=x=y"), 4
+        _body(launcher.BUILD_ID, "27", "7:1024:-1,4:0:0", "3", "exec", "--", "true", "A=1", "B=x"),
+        4,
     )
+    assert req.rlimits == ((7, 1024, -1), (4, 0, 0))
     assert req.argv == ("exec", "--", "true")
     assert req.umask == 0o27
-    assert req.env == (("A", "1"), ("B", "x=y"))
+    assert req.env == (("A", "1"), ("B", "x"))
     assert req.build_id == launcher.BUILD_ID
 
 
 @pytest.mark.parametrize(
     ("body", "nfds", "why"),
     [
-        (_body("id", "22", "1", "exec"), 3, "descriptors"),
-        (_body("id", "22", "1", "exec"), 5, "descriptors"),
-        (_body("id", "22", "1", "exec")[:-1], 4, "NUL"),
-        (_body("id", "22", "1", "run"), 4, "only"),
-        (_body("id", "22", "9", "exec"), 4, "argc"),
-        (_body("id", "22", "0", "exec"), 4, "argc"),
-        (_body("id", "x", "1", "exec"), 4, "umask"),
-        (_body("id", "7777", "1", "exec"), 4, "umask"),
+        (_body("id", "22", "", "1", "exec"), 3, "descriptors"),
+        (_body("id", "22", "", "1", "exec"), 5, "descriptors"),
+        (_body("id", "22", "", "1", "exec")[:-1], 4, "NUL"),
+        (_body("id", "22", "", "1", "run"), 4, "only"),
+        (_body("id", "22", "", "9", "exec"), 4, "argc"),
+        (_body("id", "22", "", "0", "exec"), 4, "argc"),
+        (_body("id", "x", "", "1", "exec"), 4, "umask"),
+        (_body("id", "7777", "", "1", "exec"), 4, "umask"),
         (_body("id", "22"), 4, "short"),
+        (_body("id", "22", "7:x:1", "1", "exec"), 4, "rlimits"),
+        (_body("id", "22", "99:1:1", "1", "exec"), 4, "rlimits"),
         (b"x" * (MAX_BODY + 1), 4, "long"),
-        (_body("id", "22", "1", "exec", *(["A=1"] * MAX_FIELDS)), 4, "fields"),
+        (_body("id", "22", "", "1", "exec", *(["A=1"] * MAX_FIELDS)), 4, "fields"),
     ],
 )
 def test_bad_requests_are_refused(body: bytes, nfds: int, why: str) -> None:
