@@ -169,12 +169,25 @@ _IN_MASK = (
 )  # fmt: skip
 
 
+def _event_names(data: bytes) -> list[bytes]:
+    """The names in a buffer of inotify events (b"" for an event on the directory itself)."""
+    names: list[bytes] = []
+    off = 0
+    while off + 16 <= len(data):
+        _wd, _mask, _cookie, length = struct.unpack_from("iIII", data, off)
+        names.append(data[off + 16 : off + 16 + length].rstrip(b"\0"))
+        off += 16 + length
+    return names
+
+
 class TreeWatch:
     """Has the `corral` package changed since this watch was opened?
 
     Opened before the launcher imports anything, so an edit during the imports
-    counts too. With inotify a check is one non-blocking read; without it (no
-    watches left), the check recomputes `tree_stamp`.
+    counts too. The interpreter's own `__pycache__` directories do not count
+    (their first creation would otherwise retire a fresh launcher at once).
+    With inotify a check is one non-blocking read; without it (no watches
+    left), the check recomputes `tree_stamp`.
     """
 
     def __init__(self, root: str | None = None) -> None:
@@ -211,11 +224,13 @@ class TreeWatch:
         if self._fd < 0:
             self._changed = tree_stamp(self.root) != self._stamp
             return self._changed
-        try:
-            self._changed = bool(os.read(self._fd, 65536))
-        except BlockingIOError:
-            return False
-        return self._changed
+        while not self._changed:
+            try:
+                data = os.read(self._fd, 65536)
+            except BlockingIOError:
+                return False
+            self._changed = any(name != b"__pycache__" for name in _event_names(data))
+        return True
 
     def close(self) -> None:
         if self._fd >= 0:

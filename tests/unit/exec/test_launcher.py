@@ -92,6 +92,19 @@ def test_the_tree_watch_sees_every_change(
         watch.close()
 
 
+def test_the_tree_watch_ignores_bytecode_caches(tmp_path: Path) -> None:
+    root = _tree(tmp_path)
+    watch = TreeWatch(str(root))
+    try:
+        (root / "corral" / "sub" / "__pycache__").mkdir()
+        (root / "corral" / "sub" / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"")
+        assert not watch.changed()
+        (root / "corral" / "sub" / "mod.py").write_text("x = 3\n")
+        assert watch.changed()
+    finally:
+        watch.close()
+
+
 def test_binds_over_socket_directories_are_refused(tmp_path: Path) -> None:
     env = {"CORRAL_LAUNCHER_SOCKET": str(tmp_path / "base" / "launcher" / "l.sock")}
     (tmp_path / "base" / "launcher").mkdir(parents=True)
