@@ -235,6 +235,7 @@ _CASES = {
     "rlimits": ((), ("sh", "-c", "ulimit -n; ulimit -c; ulimit -s")),
     "stdin": ((), ("sh", "-c", "cat; echo end")),
     "dry-run": (("--dry-run",), ("true",)),
+    "help": (("--help",), ()),
 }
 
 
