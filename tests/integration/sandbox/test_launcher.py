@@ -66,6 +66,12 @@ __all__ = [
     "upstream",
 ]
 
+# Their module's marks do not come along with them.
+test_allowlisted_reachable_others_denied_and_journaled = pytest.mark.requires_curl(
+    test_allowlisted_reachable_others_denied_and_journaled
+)
+test_no_egress_without_allow = pytest.mark.requires_curl(test_no_egress_without_allow)
+
 CLIENT = Path(__file__).with_name("launcher_client.py")
 
 
