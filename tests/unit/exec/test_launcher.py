@@ -114,3 +114,11 @@ def test_binds_over_socket_directories_are_refused(tmp_path: Path) -> None:
     for tree in (tmp_path, tmp_path / "base", tmp_path / "base" / "launcher"):
         with pytest.raises(UsageError, match="launcher and broker sockets"):
             refuse_socket_dirs([str(tree)], env)
+
+
+def test_frontend_configuration_is_escaped_for_c() -> None:
+    from corral.exec.frontend import _c_string, defines
+
+    assert _c_string('/a b/"q"\\n\n') == '"/a b/\\042q\\042\\134n\\012"'
+    assert _c_string("/é") == '"/\\303\\251"'
+    assert any(d.startswith('-DCORRAL_BUILD_ID="corral-launcher-2 ') for d in defines())
