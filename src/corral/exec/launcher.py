@@ -4,7 +4,8 @@ A fresh interpreter spends most of `corral exec -- true`'s time starting and
 importing. The launcher (one per user and corral source tree, started on
 demand) imports the exec path once and then, for each request on its unix
 socket, forks a worker that runs the very same `run_exec` with the client's
-argv, environment, umask, working directory and standard streams.
+argv, environment, umask, resource limits, working directory and standard
+streams.
 
 Wire (client -> launcher), on one SOCK_STREAM connection:
 
@@ -25,8 +26,8 @@ The launcher stays single-threaded (it forks) and serves a request only while
 the corral source tree is unchanged since it started (inotify on every
 package directory, or a stamp of every file's name, size and mtime): after an
 edit it refuses with "stale", removes its socket and exits, so stale code
-never runs silently. Killing the launcher
-leaves its workers (each owns its own sandbox and client) running to the end.
+never runs silently. Killing the launcher leaves its workers (each owns its
+own sandbox and client) running to the end.
 """
 
 from __future__ import annotations
