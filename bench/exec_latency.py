@@ -5,6 +5,10 @@ system of the process and its children, from wait4: less sensitive to a loaded
 host than wall time), the ratios issue 13 sets targets for (corral <= 30 ms
 median, <= 3x bare bwrap, <= 0.1x srt), and where corral's time goes: the
 interpreter, the imports, parsing and building the spec, start, wait, close.
+The "front end + launcher" row is `corral exec -- true` through the compiled
+front end and a resident launcher (`corral/exec/launcher.py`) started for the
+run; its CPU column adds the launcher's and its workers' CPU (from
+/proc/PID/stat, in clock ticks: a mean per run, not a median) to the client's.
 
     .venv/bin/python bench/exec_latency.py [--runs 30]
 """
@@ -52,6 +56,66 @@ def _timed(
             cpu.append(usage.ru_utime + usage.ru_stime)
         if proc.returncode != 0:
             raise SystemExit(f"{argv[0]} failed ({proc.returncode}): {err.decode()[-500:]}")
+    return out
+
+
+def _start_launcher(tmp: str) -> tuple[str, dict[str, str], subprocess.Popen[bytes]]:
+    """Build the front end into `tmp`, start a launcher there; (front end, env, launcher)."""
+    from corral.exec import launcher
+    from corral.exec.frontend import build
+
+    frontend = os.path.join(tmp, "corral")
+    build(frontend)
+    sock = os.path.join(tmp, "l.sock")
+    ready_r, ready_w = os.pipe()
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-I", "-c", launcher._BOOT, launcher.source_root()),
+            *("--socket", sock, "--idle-s", "600", "--ready-fd", str(ready_w)),
+        ],
+        pass_fds=(ready_w,),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+        cwd="/",
+    )
+    os.close(ready_w)
+    if not os.read(ready_r, 100):
+        raise SystemExit("the launcher did not start")
+    os.close(ready_r)
+    env = dict(os.environ, CORRAL_LAUNCHER_SOCKET=sock, CORRAL_LAUNCHER="require")
+    return frontend, env, proc
+
+
+def _ticks(pid: int) -> int:
+    """utime + stime + cutime + cstime of `pid` (clock ticks)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15])
+
+
+def _has_children(pid: int) -> bool:
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as fh:
+            if fh.read().strip():
+                return True
+    return False
+
+
+def _timed_launcher(
+    argv: list[str], runs: int, env: dict[str, str], pid: int, cpu: list[float]
+) -> list[float]:
+    """`_timed`, plus the CPU the launcher and its (reaped) worker spent on each run."""
+    out: list[float] = []
+    hz = os.sysconf("SC_CLK_TCK")
+    for _ in range(runs):
+        before = _ticks(pid)
+        client: list[float] = []
+        out += _timed(argv, 1, env=env, cpu=client)
+        deadline = time.monotonic() + 10
+        while _has_children(pid) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        cpu.append(client[0] + (_ticks(pid) - before) / hz)
     return out
 
 
@@ -163,8 +227,14 @@ def main() -> int:
     results: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}
     steps: dict[str, list[float]] = {}
-    with tempfile.TemporaryDirectory(prefix="corral-bench-") as ws:
+    with (
+        tempfile.TemporaryDirectory(prefix="corral-bench-") as ws,
+        tempfile.TemporaryDirectory(prefix="cb-", dir="/tmp") as ltmp,
+    ):
         os.chmod(ws, 0o755)
+        frontend, fe_env, launcher_proc = _start_launcher(ltmp)
+        fe_argv = [frontend, "exec", "--workspace", ws, "--", "true"]
+        _timed(fe_argv, 3, env=fe_env)
         # warm-up: page cache, .pyc files, the seccomp cache
         _timed([*corral, "--workspace", ws, "--", "true"], 3)
         modules = _exec_modules(ws)
@@ -189,9 +259,20 @@ def main() -> int:
                         argv, max(1, args.runs // rounds), preexec=pre, cpu=cpu.setdefault(name, [])
                     )
                 )
+            results.setdefault(FRONTEND, []).extend(
+                _timed_launcher(
+                    fe_argv,
+                    max(1, args.runs // rounds),
+                    fe_env,
+                    launcher_proc.pid,
+                    cpu.setdefault(FRONTEND, []),
+                )
+            )
             results.setdefault("sandbox in-process", []).extend(
                 _in_process(ws, max(1, args.runs // rounds), steps)
             )
+        launcher_proc.terminate()
+        launcher_proc.wait(30)
         srt = shutil.which("srt") or str(REPO / "tools/srt/node_modules/.bin/srt")
         if os.access(srt, os.X_OK):
             results["srt -c true"] = _timed(
@@ -203,6 +284,8 @@ def main() -> int:
             )
     for name, xs in results.items():
         cpu_col = f"   cpu {statistics.median(cpu[name]) * 1000:7.1f} ms" if cpu.get(name) else ""
+        if name == FRONTEND:
+            cpu_col = f"   cpu {statistics.mean(cpu[name]) * 1000:7.1f} ms (mean, incl. worker)"
         print(f"{name:28s} {_fmt(xs)}{cpu_col}")
     med = {k: statistics.median(v) for k, v in results.items()}
     c = med["corral exec -- true"]
@@ -219,10 +302,22 @@ def main() -> int:
         ratio = c / med["srt -c true"]
         print(f"ratio corral / srt:                   {ratio:.2f}x  (target <= 0.1x)")
     print(f"corral median:                        {c * 1000:.1f} ms (target <= 30 ms)")
+    fe = med[FRONTEND]
+    print(f"front end + launcher median:          {fe * 1000:.1f} ms (target <= 30 ms)")
+    print(f"ratio front end / bare bwrap:         {fe / med['bare bwrap']:.2f}x  (target <= 3x)")
+    if "srt -c true" in med:
+        print(
+            f"ratio front end / srt:                {fe / med['srt -c true']:.2f}x"
+            "  (target <= 0.1x)"
+        )
+    print(f"ratio front end / corral exec:        {fe / c:.2f}x")
     lib = med["sandbox in-process"]
     ratio = lib / med["bare bwrap"]
     print(f"in-process sandbox / bare bwrap:      {ratio:.2f}x  ({lib * 1000:.1f} ms)")
     return 0
+
+
+FRONTEND = "front end + launcher"
 
 
 def imports_key() -> str:

@@ -102,7 +102,14 @@ def main() -> None:
     if argv[:1] == ["exec"]:
         from corral.exec.cli import run_exec
 
-        sys.exit(run_exec(argv[1:]))
+        # Set by the compiled front end when it found no (current) launcher.
+        start_launcher = os.environ.pop("CORRAL_LAUNCHER_START", None) is not None
+        code = run_exec(argv[1:])
+        if start_launcher:
+            from corral.exec.launcher import start_in_background
+
+            start_in_background()
+        sys.exit(code)
     build_app()(prog_name="corral")
 
 

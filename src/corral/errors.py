@@ -21,6 +21,9 @@ Defined next to the code that raises and catches them (`corral.viewer`):
 CdpError(CorralError, ConnectionError) the viewer's DevTools connection failed;
 InputRejected(CorralError, ValueError) a viewer page message refused;
 FrameRejected(CorralError, ValueError) browser data that is not a bounded JPEG.
+And by `corral exec`'s launcher (`corral.exec.launcher`, `corral.exec.frontend`):
+LaunchRequestError(CorralError, ValueError) a launcher request refused (malformed, too large);
+FrontendBuildError(CorralError, OSError) the compiled front end could not be built or installed.
 """
 
 from __future__ import annotations

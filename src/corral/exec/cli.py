@@ -419,6 +419,9 @@ def build_spec(ns: Options, cmd: list[str], caller_env: dict[str, str]) -> Sandb
         binds.append(Bind(validate_path(p, "--rw path", writable=True, home=home), writable=True))
     writable = [workspace, *(b.path for b in binds if b.writable)]
     refuse_corral_state(writable)
+    from corral.exec.sockdirs import refuse_socket_dirs
+
+    refuse_socket_dirs([workspace, *(b.path for b in binds)], caller_env)
     if ns.journal is not None:
         refuse_in_writable(ns.journal, "--journal", writable)
     limits = Limits(

@@ -1,0 +1,124 @@
+"""The launcher's pure parts: request bounds, the source-tree watch, socket directories."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from corral.errors import UsageError
+from corral.exec import launcher
+from corral.exec.launcher import MAX_BODY, MAX_FIELDS, LaunchRequestError, TreeWatch, parse_request
+from corral.exec.sockdirs import launcher_dir, refuse_socket_dirs
+
+
+def _body(*fields: str) -> bytes:
+    return b"".join(f.encode() + b"\0" for f in fields)
+
+
+def test_a_request_decodes() -> None:
+    req = parse_request(
+        _body(launcher.BUILD_ID, "27", "7:1024:-1,4:0:0", "3", "exec", "--", "true", "A=1", "B=x"),
+        4,
+    )
+    assert req.rlimits == ((7, 1024, -1), (4, 0, 0))
+    assert req.argv == ("exec", "--", "true")
+    assert req.umask == 0o27
+    assert req.env == (("A", "1"), ("B", "x"))
+    assert req.build_id == launcher.BUILD_ID
+
+
+@pytest.mark.parametrize(
+    ("body", "nfds", "why"),
+    [
+        (_body("id", "22", "", "1", "exec"), 3, "descriptors"),
+        (_body("id", "22", "", "1", "exec"), 5, "descriptors"),
+        (_body("id", "22", "", "1", "exec")[:-1], 4, "NUL"),
+        (_body("id", "22", "", "1", "run"), 4, "only"),
+        (_body("id", "22", "", "9", "exec"), 4, "argc"),
+        (_body("id", "22", "", "0", "exec"), 4, "argc"),
+        (_body("id", "x", "", "1", "exec"), 4, "umask"),
+        (_body("id", "7777", "", "1", "exec"), 4, "umask"),
+        (_body("id", "22"), 4, "short"),
+        (_body("id", "22", "7:x:1", "1", "exec"), 4, "rlimits"),
+        (_body("id", "22", "99:1:1", "1", "exec"), 4, "rlimits"),
+        (b"x" * (MAX_BODY + 1), 4, "long"),
+        (_body("id", "22", "", "1", "exec", *(["A=1"] * MAX_FIELDS)), 4, "fields"),
+    ],
+)
+def test_bad_requests_are_refused(body: bytes, nfds: int, why: str) -> None:
+    with pytest.raises(LaunchRequestError, match=why):
+        parse_request(body, nfds)
+
+
+def _tree(tmp_path: Path) -> Path:
+    pkg = tmp_path / "corral" / "sub"
+    pkg.mkdir(parents=True)
+    (pkg / "mod.py").write_text("x = 1\n")
+    (tmp_path / "corral" / "__init__.py").write_text("")
+    return tmp_path
+
+
+@pytest.mark.parametrize("change", ["edit", "add", "remove", "touch"])
+@pytest.mark.parametrize("inotify", [True, False])
+def test_the_tree_watch_sees_every_change(
+    tmp_path: Path, change: str, inotify: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _tree(tmp_path)
+    if not inotify:
+
+        def no_inotify(self: TreeWatch) -> int:
+            raise OSError(28, "no watches left")
+
+        monkeypatch.setattr(TreeWatch, "_inotify", no_inotify)
+    watch = TreeWatch(str(root))
+    try:
+        assert not watch.changed()
+        mod = root / "corral" / "sub" / "mod.py"
+        st = mod.stat()
+        if change == "edit":
+            mod.write_text("x = 2\n")
+            os.utime(mod, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+        elif change == "add":
+            (root / "corral" / "sub" / "new.py").write_text("")
+        elif change == "remove":
+            mod.unlink()
+        else:
+            # Times unchanged: only inotify notices (the stamp sees no difference).
+            os.utime(mod, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert watch.changed() is (inotify or change != "touch")
+    finally:
+        watch.close()
+
+
+def test_the_tree_watch_ignores_bytecode_caches(tmp_path: Path) -> None:
+    root = _tree(tmp_path)
+    watch = TreeWatch(str(root))
+    try:
+        (root / "corral" / "sub" / "__pycache__").mkdir()
+        (root / "corral" / "sub" / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"")
+        assert not watch.changed()
+        (root / "corral" / "sub" / "mod.py").write_text("x = 3\n")
+        assert watch.changed()
+    finally:
+        watch.close()
+
+
+def test_binds_over_socket_directories_are_refused(tmp_path: Path) -> None:
+    env = {"CORRAL_LAUNCHER_SOCKET": str(tmp_path / "base" / "launcher" / "l.sock")}
+    (tmp_path / "base" / "launcher").mkdir(parents=True)
+    assert launcher_dir(env) == str(tmp_path / "base" / "launcher")
+    (tmp_path / "other").mkdir()
+    refuse_socket_dirs([str(tmp_path / "other")], env)
+    for tree in (tmp_path, tmp_path / "base", tmp_path / "base" / "launcher"):
+        with pytest.raises(UsageError, match="launcher and broker sockets"):
+            refuse_socket_dirs([str(tree)], env)
+
+
+def test_frontend_configuration_is_escaped_for_c() -> None:
+    from corral.exec.frontend import _c_string, defines
+
+    assert _c_string('/a b/"q"\\n\n') == '"/a b/\\042q\\042\\134n\\012"'
+    assert _c_string("/é") == '"/\\303\\251"'
+    assert any(d.startswith('-DCORRAL_BUILD_ID="corral-launcher-2 ') for d in defines())
