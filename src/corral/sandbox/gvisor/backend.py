@@ -46,6 +46,7 @@ from corral.sandbox.backend import GVisorConfig, SandboxNet
 from corral.sandbox.bwrap import StagedBind
 from corral.sandbox.cgroup import Cgroup, CgroupLayout, detect_layout, sweep_stale
 from corral.sandbox.gvisor import bundle as bd
+from corral.sandbox.gvisor.nproc import SentryRefusals
 from corral.sandbox.gvisor.ps import Located, leftover_count, runsc_argv, sandbox_pid1
 from corral.sandbox.gvisor.stdio import StdioRelay
 from corral.sandbox.handle import CgroupProcessHandle
@@ -373,6 +374,7 @@ class GVisorBackend:
         started = time.monotonic()
         cgroup: Cgroup | None = None
         placeholders = None
+        refusals: SentryRefusals | None = None
         fds: list[int] = []
         try:
             os.makedirs(STATE_ROOT, mode=0o700, exist_ok=True)
@@ -432,6 +434,8 @@ class GVisorBackend:
                 "--kill-child",
                 "--mount-proc",
             ]
+            if spec.limits.pids is not None:
+                refusals = SentryRefusals()
             block_r = block_w = -1
             if with_net:
                 block_r, block_w = os.pipe()
@@ -449,6 +453,7 @@ class GVisorBackend:
                     rootless=not self.is_root,
                     network="sandbox" if with_net else "none",
                     log_file=os.path.join(base, "runsc.log"),
+                    extra_flags=tuple(refusals.argv_flags()) if refusals else (),
                 ),
             ]
             binds = [(spec.workspace, True), *((b.path, b.writable) for b in spec.binds)]
@@ -501,7 +506,10 @@ class GVisorBackend:
                     env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
                     preexec_fn=child_setup,  # noqa: PLW1509
                     close_fds=True,
-                    pass_fds=[3] if with_net else [],
+                    pass_fds=[
+                        *([3] if with_net else []),
+                        *([refusals.write_fd] if refusals else []),
+                    ],
                     cwd="/",
                 )
             except (OSError, subprocess.SubprocessError) as exc:
@@ -512,6 +520,8 @@ class GVisorBackend:
                 relay.close(0)
                 raise SandboxStartError(0, f"cannot start runsc: {detail or exc}") from exc
             os.close(err_r)
+            if refusals is not None:
+                refusals.started()
             os.close(ready_w)
             fds.remove(ready_w)
             link: gnet.BrokerLink | None = None
@@ -561,14 +571,18 @@ class GVisorBackend:
                 runsc=runsc,
                 placeholders=placeholders,
                 relay=relay,
+                refusals=refusals,
             )
             cgroup = None
             placeholders = None
+            refusals = None
             return sandbox
         except BaseException:
             if cgroup is not None:
                 with contextlib.suppress(CgroupError):
                     cgroup.remove()
+            if refusals is not None:
+                refusals.close()
             if placeholders is not None:
                 placeholders.release()
             shutil.rmtree(base, ignore_errors=True)
@@ -720,8 +734,10 @@ class GVisorSandbox(CgroupProcessHandle):
         runsc: str,
         placeholders: object | None = None,
         relay: StdioRelay | None = None,
+        refusals: SentryRefusals | None = None,
     ) -> None:
         self.proc = proc
+        self._refusals = refusals
         self.holder = holder
         self._located = located
         self._leftovers = 0
@@ -816,6 +832,12 @@ class GVisorSandbox(CgroupProcessHandle):
         code, reason = decide_exit(
             rc=rc, oom_kills=oom, timed_out=timed_out, interrupted=interrupted
         )
+        # The cgroup's hits are gVisor's host tasks; the command's forks are
+        # refused inside, by the sentry (gvisor.nproc). Every runsc process
+        # is dead: the count only drains what the sentry wrote.
+        hits = usage.pids_limit_hits if usage else 0
+        if self._refusals is not None:
+            hits += self._refusals.count()
         return ExecResult(
             exit=code,
             reason=reason,
@@ -825,7 +847,7 @@ class GVisorSandbox(CgroupProcessHandle):
             processes_killed_at_end=self._leftovers,
             layers=dict(self._layers),
             oom_kills=oom,
-            pids_limit_hits=usage.pids_limit_hits if usage else 0,
+            pids_limit_hits=hits,
         )
 
     def close(self) -> None:
@@ -846,6 +868,8 @@ class GVisorSandbox(CgroupProcessHandle):
             # Every runsc process is dead (the cgroup is empty): the state
             # directory is only files now.
             shutil.rmtree(self.base, ignore_errors=True)
+            if self._refusals is not None:
+                self._refusals.close()
             release = getattr(self._placeholders, "release", None)
             if release is not None:
                 release()

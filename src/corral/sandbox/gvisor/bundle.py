@@ -201,6 +201,7 @@ def runsc_argv(
     rootless: bool = False,
     network: str = "none",
     log_file: str | None = None,
+    extra_flags: tuple[str, ...] = (),
 ) -> list[str]:
     """`runsc run` for one bundle: no network stack but loopback, cgroups left to corral.
 
@@ -222,6 +223,7 @@ def runsc_argv(
         # runsc's own errors (e.g. the command cannot be executed) land
         # here, apart from the command's stderr: see backend.exec_failure.
         argv.append(f"--log={log_file}")
+    argv += extra_flags
     argv += ["run", "--bundle", bundle_dir, container_id]
     return argv
 
