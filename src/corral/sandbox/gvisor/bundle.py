@@ -123,7 +123,7 @@ def build_config(plan: BundlePlan) -> dict[str, object]:
         # command the container's rlimits (not its own process's): the
         # command's uid gets exactly the processes the spec allows. The
         # cgroup only bounds gVisor's host tasks (backend.cgroup_limits); a
-        # refusal here is the sentry's and not visible to the host.
+        # refusal here is the sentry's, which only its log tells (gvisor.nproc).
         n = spec.limits.pids
         process["rlimits"] = [{"type": "RLIMIT_NPROC", "hard": n, "soft": n}]
     return {
