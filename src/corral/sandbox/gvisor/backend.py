@@ -46,6 +46,7 @@ from corral.sandbox.backend import GVisorConfig, SandboxNet
 from corral.sandbox.bwrap import StagedBind
 from corral.sandbox.cgroup import Cgroup, CgroupLayout, detect_layout, sweep_stale
 from corral.sandbox.gvisor import bundle as bd
+from corral.sandbox.gvisor import hostuid
 from corral.sandbox.gvisor.nproc import SentryRefusals
 from corral.sandbox.gvisor.ps import Located, leftover_count, runsc_argv, sandbox_pid1
 from corral.sandbox.gvisor.stdio import StdioRelay
@@ -66,6 +67,7 @@ from corral.sandbox.spec import Limits, SandboxSpec
 
 if TYPE_CHECKING:
     from corral.sandbox.spec import ExitReason
+    from corral.sandbox.uids import UidLease
     from corral.sandbox.unix_admit import UnixConnectEvent
 
 __all__ = [
@@ -375,6 +377,7 @@ class GVisorBackend:
         cgroup: Cgroup | None = None
         placeholders = None
         refusals: SentryRefusals | None = None
+        lease: UidLease | None = None
         fds: list[int] = []
         try:
             os.makedirs(STATE_ROOT, mode=0o700, exist_ok=True)
@@ -425,8 +428,15 @@ class GVisorBackend:
                 )
                 fds.append(userns_fd)
                 layers["idmap"] = True
+                # The sentry's host uid: this sandbox's own (gvisor.hostuid).
+                from corral.sandbox import uids
+
+                lease = uids.allocate(uids.configured_range())
+                id_map = hostuid.id_map(lease.uid, INSIDE_UID)
+                runsc_ns = mounts.userns_fd(id_map, id_map, deny_setgroups=False)
+                fds.append(runsc_ns)
             else:
-                userns_fd = -1
+                userns_fd = runsc_ns = -1
             argv = [
                 _which("unshare") or "/usr/bin/unshare",
                 "--pid",
@@ -475,6 +485,10 @@ class GVisorBackend:
                     set_pdeathsig(signal.SIGKILL)
                     if os.getppid() != me:
                         os._exit(125)
+                    if runsc_ns >= 0:
+                        # Before the network namespace: runsc configures it,
+                        # so this namespace must own it.
+                        hostuid.enter(runsc_ns)
                     if with_net:
                         unshare_net()
                         # dash reads only single-digit descriptors: the
@@ -572,10 +586,12 @@ class GVisorBackend:
                 placeholders=placeholders,
                 relay=relay,
                 refusals=refusals,
+                lease=lease,
             )
             cgroup = None
             placeholders = None
             refusals = None
+            lease = None
             return sandbox
         except BaseException:
             if cgroup is not None:
@@ -583,6 +599,8 @@ class GVisorBackend:
                     cgroup.remove()
             if refusals is not None:
                 refusals.close()
+            if lease is not None:
+                lease.close()
             if placeholders is not None:
                 placeholders.release()
             shutil.rmtree(base, ignore_errors=True)
@@ -735,9 +753,11 @@ class GVisorSandbox(CgroupProcessHandle):
         placeholders: object | None = None,
         relay: StdioRelay | None = None,
         refusals: SentryRefusals | None = None,
+        lease: UidLease | None = None,
     ) -> None:
         self.proc = proc
         self._refusals = refusals
+        self._lease = lease
         self.holder = holder
         self._located = located
         self._leftovers = 0
@@ -854,6 +874,7 @@ class GVisorSandbox(CgroupProcessHandle):
         if self._closed:
             return
         self._closed = True
+        emptied = False
         try:
             if self.proc.poll() is None or (self.holder and self.holder.poll() is None):
                 self.kill_all()
@@ -862,6 +883,7 @@ class GVisorSandbox(CgroupProcessHandle):
                     self.holder.wait()
             if self.cgroup is not None:
                 self.cgroup.remove()
+                emptied = True
         finally:
             if self._relay is not None:
                 self._relay.close(1.0)
@@ -870,6 +892,10 @@ class GVisorSandbox(CgroupProcessHandle):
             shutil.rmtree(self.base, ignore_errors=True)
             if self._refusals is not None:
                 self._refusals.close()
+            if self._lease is not None:
+                # Unless the cgroup (every process of the uid) was removed,
+                # the next holder scans /proc before reusing the id.
+                self._lease.close(clean=emptied)
             release = getattr(self._placeholders, "release", None)
             if release is not None:
                 release()
