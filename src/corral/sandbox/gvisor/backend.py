@@ -50,6 +50,7 @@ from corral.sandbox.gvisor import hostuid
 from corral.sandbox.gvisor.nproc import SentryRefusals
 from corral.sandbox.gvisor.ps import Located, leftover_count, runsc_argv, sandbox_pid1
 from corral.sandbox.gvisor.stdio import StdioRelay
+from corral.sandbox.gvisor.version import release_date
 from corral.sandbox.handle import CgroupProcessHandle
 from corral.sandbox.namespace import (
     INSIDE_UID,
@@ -92,7 +93,6 @@ RUNSC_TASKS = 320
 #: it): ~7 measured on the ptrace platform.
 TASKS_PER_PROCESS = 8
 _OWNER_RE = re.compile(r"^[a-z]+-(\d+)-[0-9a-f]+$")
-_VERSION_RE = re.compile(rb"runsc version \S*?(\d{8})")
 
 
 def decide_exit(
@@ -220,16 +220,10 @@ class GVisorBackend:
         path = self.config.runsc or _which("runsc")
         if path is None:
             return None, "runsc not found on PATH (apt-get install runsc)", 0
-        try:
-            out = subprocess.run(
-                [path, "--version"], capture_output=True, timeout=10, check=False
-            ).stdout
-        except (OSError, subprocess.SubprocessError) as exc:
-            return None, f"{path} does not run: {exc}", 0
-        m = _VERSION_RE.search(out)
-        if m is None:
-            return None, f"{path} --version did not name a runsc release", 0
-        return path, None, int(m.group(1))
+        date, why = release_date(path, cache_dir())
+        if date is None:
+            return None, why, 0
+        return path, None, date
 
     def _cgroup_reason(self, layout: CgroupLayout | None) -> str | None:
         if layout is None:
