@@ -21,23 +21,65 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from corral.sandbox.cgroup import Cgroup
 
 REPO = Path(__file__).resolve().parent.parent
 CPU = "i=0\nwhile [ $i -lt 200000 ]; do i=$((i+1)); done"
 
 
-def _median(argv: list[str], runs: int, cwd: str) -> float:
-    out: list[float] = []
+def _once(argv: list[str], cwd: str, attach: list[int] | None = None) -> float:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+
+    def join() -> None:
+        for fd in attach or ():
+            os.write(fd, b"0")
+
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=cwd,
+        check=False,
+        preexec_fn=join if attach else None,
+        pass_fds=attach or (),
+    )
+    took = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{argv} failed ({proc.returncode}): {proc.stderr.decode()[-500:]}")
+    return took
+
+
+def _median(argv: list[str], runs: int, cwd: str) -> float:
+    return statistics.median(_once(argv, cwd) for _ in range(runs))
+
+
+def _interleaved(
+    cases: list[tuple[list[str], list[int] | None]], runs: int, cwd: str
+) -> list[float]:
+    """Medians of each case, the cases run in turn each round (the load drifts alike)."""
+    times: list[list[float]] = [[] for _ in cases]
     for _ in range(runs):
-        t0 = time.perf_counter()
-        proc = subprocess.run(
-            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=cwd, check=False
-        )
-        out.append(time.perf_counter() - t0)
-        if proc.returncode != 0:
-            raise SystemExit(f"{argv} failed ({proc.returncode}): {proc.stderr.decode()[-500:]}")
-    return statistics.median(out)
+        for i, (argv, attach) in enumerate(cases):
+            times[i].append(_once(argv, cwd, attach))
+    return [statistics.median(t) for t in times]
+
+
+def _bench_cgroup() -> Cgroup | None:
+    """A cgroup beside the sandboxes' (below `corral`): bare runsc there competes for
+    the CPU with the same weight as corral's sandbox, whose cgroup shares `corral`'s."""
+    from corral.sandbox.cgroup import Cgroup as _Cgroup
+    from corral.sandbox.cgroup import detect_layout
+    from corral.sandbox.spec import Limits
+
+    layout = detect_layout()
+    if layout is None or os.geteuid() != 0:
+        return None
+    return _Cgroup.create(layout, f"corral/bench-gv-{os.getpid()}", Limits())
 
 
 def _corral(backend: str, ws: str, *cmd: str) -> list[str]:
@@ -78,9 +120,26 @@ def main() -> int:
         ws = Path(tmp) / "ws"
         ws.mkdir()
         rows: list[tuple[str, float, float, float]] = []
-        bare = _median([runsc, "--network=none", "--platform=ptrace", "do", "true"], args.runs, tmp)
-        gv = _median(_corral("gvisor", str(ws), "true"), args.runs, tmp)
+        do = [runsc, "--network=none", "--platform=ptrace", "do", "true"]
+        cg = _bench_cgroup()
+        fds = cg.open_attach_fds() if cg is not None else []
+        try:
+            cases: list[tuple[list[str], list[int] | None]] = [
+                (do, None),
+                (_corral("gvisor", str(ws), "true"), None),
+            ]
+            if fds:
+                cases.append((do, fds))
+            bare, gv, *in_cg = _interleaved(cases, args.runs, tmp)
+        finally:
+            for fd in fds:
+                os.close(fd)
+            if cg is not None:
+                cg.remove()
         rows.append(("true: gvisor vs bare runsc do", gv, bare, gv / bare))
+        if in_cg:
+            name = "true: gvisor vs bare runsc do in a corral/ cgroup"
+            rows.append((name, gv, in_cg[0], gv / in_cg[0]))
         ns = _median(_corral("namespace", str(ws), "true"), args.runs, tmp)
         rows.append(("true: gvisor vs namespace", gv, ns, gv / ns))
         gv = _median(_corral("gvisor", str(ws), "sh", "-c", CPU), args.runs, tmp)

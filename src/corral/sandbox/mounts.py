@@ -25,7 +25,14 @@ import time
 from corral.errors import SandboxStartError
 from corral.sandbox.grants import open_grant
 
-__all__ = ["STAGE_DIR", "make_private_mount_ns", "make_userns_fd", "stage_bind", "staged_path"]
+__all__ = [
+    "STAGE_DIR",
+    "make_private_mount_ns",
+    "make_userns_fd",
+    "stage_bind",
+    "staged_path",
+    "userns_fd",
+]
 
 STAGE_DIR = "/run/corral-stage"
 
@@ -76,6 +83,19 @@ def make_userns_fd(
     appears as sandbox_uid, and files the sandbox creates land as caller_uid.
     `extra` adds (on-disk id, shown id) pairs to both maps.
     """
+    return userns_fd(
+        f"{caller_uid} {sandbox_uid} 1\n" + "".join(f"{a} {b} 1\n" for a, b in extra),
+        f"{caller_gid} {sandbox_gid} 1\n" + "".join(f"{a} {b} 1\n" for a, b in extra),
+    )
+
+
+def userns_fd(uid_map: str, gid_map: str, *, deny_setgroups: bool = True) -> int:
+    """A fresh user namespace (owned by the caller) with these maps, as an fd.
+
+    The maps are `inside outside count` lines. `deny_setgroups=False` leaves
+    setgroups(2) to the namespace's root (a process that joins it and drops
+    its groups needs that).
+    """
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child
@@ -95,11 +115,12 @@ def make_userns_fd(
                 raise SandboxStartError(0, "helper process did not enter its user namespace")
             time.sleep(0.0002)
         with open(f"/proc/{pid}/uid_map", "w", encoding="ascii") as fh:
-            fh.write(f"{caller_uid} {sandbox_uid} 1\n" + "".join(f"{a} {b} 1\n" for a, b in extra))
-        with open(f"/proc/{pid}/setgroups", "w", encoding="ascii") as fh:
-            fh.write("deny")
+            fh.write(uid_map)
+        if deny_setgroups:
+            with open(f"/proc/{pid}/setgroups", "w", encoding="ascii") as fh:
+                fh.write("deny")
         with open(f"/proc/{pid}/gid_map", "w", encoding="ascii") as fh:
-            fh.write(f"{caller_gid} {sandbox_gid} 1\n" + "".join(f"{a} {b} 1\n" for a, b in extra))
+            fh.write(gid_map)
         return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
         raise SandboxStartError(

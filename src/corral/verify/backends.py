@@ -161,6 +161,9 @@ class CorralBackend(Backend):
             self.guest_kernel = "the VM's own Linux kernel (QEMU microvm guest)"
         if name == "gvisor":
             self.guest_kernel = "gVisor's user-space kernel (the sentry)"
+            # Every sandbox is a runsc boot (0.6-2.7 s here under load) and a
+            # mission run boots several per session (agent, checks, product).
+            self.deadline_scale = 3.0
 
     def argv(self, cmd: list[str], run: RunSpec) -> list[str]:
         out = [

@@ -65,9 +65,18 @@ def _fill(template: str, ctx: Mapping[str, Any]) -> str:
     return template.format_map(dict(ctx))
 
 
-def render_mission(probe_id: str, spec: MissionSpec, ctx: Mapping[str, Any]) -> str:
-    """MISSION.md: the fixed head, the probe's `[product]`/`[[checks]]` tables, a body."""
+def render_mission(
+    probe_id: str, spec: MissionSpec, ctx: Mapping[str, Any], backend: str = "namespace"
+) -> str:
+    """MISSION.md: the fixed head, the probe's `[product]`/`[[checks]]` tables, a body.
+
+    `backend`: the isolation of every environment of the run (the mission's `backend`).
+    """
     head = _HEAD.format(probe_id=probe_id, max_sessions=spec.max_sessions)
+    if backend != "namespace":
+        head = head.replace(
+            'checks_dir = "checks"\n', f'checks_dir = "checks"\nbackend = "{backend}"\n', 1
+        )
     if spec.verifier_limits is not None:
         head = head.replace(
             'verifier = { memory = "128M", pids = 64 }', f"verifier = {spec.verifier_limits}", 1

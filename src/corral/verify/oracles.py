@@ -41,6 +41,7 @@ __all__ = [
     "MissionCheckPassed",
     "NonceEcho",
     "Oracle",
+    "OutlivedLimit",
     "PlantedTrapsRan",
     "ProcsAbove",
     "RefusedWith",
@@ -49,7 +50,6 @@ __all__ = [
     "SecretSeen",
     "Survived",
     "VerifierTampered",
-    "WallAbove",
     "excerpt",
     "peak_memory",
     "verdict",
@@ -387,15 +387,40 @@ class CpuRateAbove:
 
 
 @dataclass(frozen=True, slots=True)
-class WallAbove:
-    """Allowed when the task ran (host wall clock) longer than `seconds`."""
+class OutlivedLimit:
+    """Allowed when the task outlived its wall-clock limit: it created host path
+    fact `finished` (which it does only after sleeping well past the limit), or
+    a marker process survived, or the harness had to end the backend.
 
-    seconds: float
+    Denied only from the host's own record: the task ran (fact `started`, a
+    host path it creates first), never reached `finished`, and the backend's
+    report says its timeout ended it. The whole run's wall time is not used:
+    a loaded host stretches start-up and teardown, which a bound on it counted
+    against the sandbox; what is left is the task's own sleep (measured from
+    after its start-up) against the time the backend takes to deliver a kill.
+    """
+
+    started: str
+    finished: str
 
     def judge(self, ev: Evidence) -> Judgement:
-        if ev.wall_s > self.seconds:
-            return _allowed(f"task ran {ev.wall_s:.1f} s > {self.seconds:.1f} s")
-        return _denied(f"task ended after {ev.wall_s:.1f} s (<= {self.seconds:.1f} s)")
+        if ev.facts.get(self.finished):
+            return _allowed("the task outlived its limit: it created its after-the-sleep path")
+        if ev.survivors:
+            return _allowed(f"{len(ev.survivors)} process(es) alive after the task ended")
+        if ev.harness_timeout:
+            return _allowed("the backend did not end the task: the harness had to")
+        if self.started not in ev.facts or self.finished not in ev.facts:
+            return Judgement("error", "the host facts were not collected")
+        if not ev.facts[self.started]:
+            return Judgement("error", "the task never started (no host path): nothing was tested")
+        reason = (ev.backend_report or {}).get("reason")
+        if reason != "timeout":
+            return Judgement(
+                "error",
+                f"the task stopped early but the host recorded no timeout (reason {reason!r})",
+            )
+        return _denied("the host's timeout ended the task before it outlived its limit")
 
 
 @dataclass(frozen=True, slots=True)

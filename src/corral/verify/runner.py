@@ -113,6 +113,8 @@ _HOST_GIT = (
     ["commit", "-q", "-m", "corral-verify"],
 )
 _RAW_LIMIT = 4000
+#: Backends whose sandboxes `corral run` can drive (the mission's `backend`).
+_MISSION_BACKENDS = frozenset({"namespace", "gvisor"})
 
 Progress = Callable[[ProbeResult | Skipped, int, int], None]
 
@@ -846,9 +848,9 @@ class _Suite:
                 "a mission probe tests corral's run environments (agent, product, verifier), "
                 f"which {self.backend.name} does not have",
             )
-        if p.mission is not None and self.backend.name != "namespace":
+        if p.mission is not None and self.backend.name not in _MISSION_BACKENDS:
             return Skipped(
-                p, "not-tested", "`corral run` drives namespace sandboxes only (no --backend)"
+                p, "not-tested", "`corral run` drives namespace and gvisor sandboxes only"
             )
         if p.viewer and self.backend.name not in ("namespace", "none"):
             return Skipped(p, "not-tested", "`corral view` drives namespace sandboxes only")
@@ -1162,7 +1164,9 @@ class _Suite:
         for name, data in written.items():
             (mdir / "checks" / name).write_bytes(data)
         expected = digests(written)
-        (mdir / "MISSION.md").write_text(render_mission(p.id, m, ctx), encoding="utf-8")
+        (mdir / "MISSION.md").write_text(
+            render_mission(p.id, m, ctx, self.backend.name), encoding="utf-8"
+        )
         (mdir / "scenario.yaml").write_text(
             render_scenario(m, ctx, program=program, marker=marker), encoding="utf-8"
         )

@@ -98,6 +98,15 @@ def test_mission_and_scenario_are_accepted_by_corral_run() -> None:
     assert turns[2].say == "bye abc123"
 
 
+def test_the_mission_names_the_backend_under_test() -> None:
+    spec = MissionSpec(front='[[checks]]\nname = "c"\nrun = "true"\n')
+    plain = parse_mission(render_mission("p-id", spec, CTX), "/m/MISSION.md")
+    assert plain.settings.backend.agent == "namespace"
+    gv = parse_mission(render_mission("p-id", spec, CTX, "gvisor"), "/m/MISSION.md")
+    b = gv.settings.backend
+    assert (b.agent, b.product, b.verifier) == ("gvisor", "gvisor", "gvisor")
+
+
 def test_the_host_only_proof_never_reaches_the_agent() -> None:
     missions = [p for p in all_probes() if p.mission is not None]
     assert {p.requirement for p in missions} == {"U9", "M12", "M6", "M13"}

@@ -21,13 +21,13 @@ from corral.verify.oracles import (
     JournalShape,
     MemoryAbove,
     NonceEcho,
+    OutlivedLimit,
     ProcsAbove,
     RefusedWith,
     Reported,
     ReportField,
     SecretSeen,
     Survived,
-    WallAbove,
     excerpt,
     key_digest,
     verdict,
@@ -143,8 +143,24 @@ def test_procs_cpu_wall() -> None:
         CpuRateAbove(0.5).judge(ev(wall_s=3.0, backend_report={"cpu_s": 2.0})).observed == "allowed"
     )
     assert CpuRateAbove(0.5).judge(ev(cpu_s=1.0)).observed == "error"
-    assert WallAbove(3.5).judge(ev(wall_s=5.1)).observed == "allowed"
-    assert WallAbove(3.5).judge(ev(wall_s=1.6)).observed == "denied"
+
+
+def test_outlived_limit_decides_from_host_paths_and_the_timeout_record() -> None:
+    o = OutlivedLimit("started", "finished")
+    timeout = {"reason": "timeout", "exit": 124}
+    ran = {"started": True, "finished": False}
+    # A slow teardown on a loaded host no longer counts: only what the task did.
+    assert o.judge(ev(facts=ran, backend_report=timeout, wall_s=9.0)).observed == "denied"
+    outlived = {"started": True, "finished": True}
+    assert o.judge(ev(facts=outlived, backend_report=timeout)).observed == "allowed"
+    assert o.judge(ev(facts=outlived)).observed == "allowed"  # the baseline: no limit at all
+    assert o.judge(ev(facts=ran, survivors=("sleep",))).observed == "allowed"
+    assert o.judge(ev(facts=ran, harness_timeout=True)).observed == "allowed"
+    # Nothing tested: the task never ran, or stopped without the host's timeout.
+    assert o.judge(ev(facts={"started": False, "finished": False})).observed == "error"
+    assert o.judge(ev(facts=ran, backend_report={"reason": "exited"})).observed == "error"
+    assert o.judge(ev(facts=ran)).observed == "error"
+    assert o.judge(ev()).observed == "error"
 
 
 def test_report_field_means_unrecorded_when_absent() -> None:

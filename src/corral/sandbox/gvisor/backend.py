@@ -46,8 +46,11 @@ from corral.sandbox.backend import GVisorConfig, SandboxNet
 from corral.sandbox.bwrap import StagedBind
 from corral.sandbox.cgroup import Cgroup, CgroupLayout, detect_layout, sweep_stale
 from corral.sandbox.gvisor import bundle as bd
+from corral.sandbox.gvisor import hostuid
+from corral.sandbox.gvisor.nproc import SentryRefusals
 from corral.sandbox.gvisor.ps import Located, leftover_count, runsc_argv, sandbox_pid1
 from corral.sandbox.gvisor.stdio import StdioRelay
+from corral.sandbox.gvisor.version import release_date
 from corral.sandbox.handle import CgroupProcessHandle
 from corral.sandbox.namespace import (
     INSIDE_UID,
@@ -65,6 +68,7 @@ from corral.sandbox.spec import Limits, SandboxSpec
 
 if TYPE_CHECKING:
     from corral.sandbox.spec import ExitReason
+    from corral.sandbox.uids import UidLease
     from corral.sandbox.unix_admit import UnixConnectEvent
 
 __all__ = [
@@ -89,7 +93,6 @@ RUNSC_TASKS = 320
 #: it): ~7 measured on the ptrace platform.
 TASKS_PER_PROCESS = 8
 _OWNER_RE = re.compile(r"^[a-z]+-(\d+)-[0-9a-f]+$")
-_VERSION_RE = re.compile(rb"runsc version \S*?(\d{8})")
 
 
 def decide_exit(
@@ -217,16 +220,10 @@ class GVisorBackend:
         path = self.config.runsc or _which("runsc")
         if path is None:
             return None, "runsc not found on PATH (apt-get install runsc)", 0
-        try:
-            out = subprocess.run(
-                [path, "--version"], capture_output=True, timeout=10, check=False
-            ).stdout
-        except (OSError, subprocess.SubprocessError) as exc:
-            return None, f"{path} does not run: {exc}", 0
-        m = _VERSION_RE.search(out)
-        if m is None:
-            return None, f"{path} --version did not name a runsc release", 0
-        return path, None, int(m.group(1))
+        date, why = release_date(path, cache_dir())
+        if date is None:
+            return None, why, 0
+        return path, None, date
 
     def _cgroup_reason(self, layout: CgroupLayout | None) -> str | None:
         if layout is None:
@@ -373,6 +370,8 @@ class GVisorBackend:
         started = time.monotonic()
         cgroup: Cgroup | None = None
         placeholders = None
+        refusals: SentryRefusals | None = None
+        lease: UidLease | None = None
         fds: list[int] = []
         try:
             os.makedirs(STATE_ROOT, mode=0o700, exist_ok=True)
@@ -423,8 +422,15 @@ class GVisorBackend:
                 )
                 fds.append(userns_fd)
                 layers["idmap"] = True
+                # The sentry's host uid: this sandbox's own (gvisor.hostuid).
+                from corral.sandbox import uids
+
+                lease = uids.allocate(uids.configured_range())
+                id_map = hostuid.id_map(lease.uid, INSIDE_UID)
+                runsc_ns = mounts.userns_fd(id_map, id_map, deny_setgroups=False)
+                fds.append(runsc_ns)
             else:
-                userns_fd = -1
+                userns_fd = runsc_ns = -1
             argv = [
                 _which("unshare") or "/usr/bin/unshare",
                 "--pid",
@@ -432,6 +438,8 @@ class GVisorBackend:
                 "--kill-child",
                 "--mount-proc",
             ]
+            if spec.limits.pids is not None:
+                refusals = SentryRefusals()
             block_r = block_w = -1
             if with_net:
                 block_r, block_w = os.pipe()
@@ -449,6 +457,7 @@ class GVisorBackend:
                     rootless=not self.is_root,
                     network="sandbox" if with_net else "none",
                     log_file=os.path.join(base, "runsc.log"),
+                    extra_flags=tuple(refusals.argv_flags()) if refusals else (),
                 ),
             ]
             binds = [(spec.workspace, True), *((b.path, b.writable) for b in spec.binds)]
@@ -470,6 +479,10 @@ class GVisorBackend:
                     set_pdeathsig(signal.SIGKILL)
                     if os.getppid() != me:
                         os._exit(125)
+                    if runsc_ns >= 0:
+                        # Before the network namespace: runsc configures it,
+                        # so this namespace must own it.
+                        hostuid.enter(runsc_ns)
                     if with_net:
                         unshare_net()
                         # dash reads only single-digit descriptors: the
@@ -501,7 +514,10 @@ class GVisorBackend:
                     env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
                     preexec_fn=child_setup,  # noqa: PLW1509
                     close_fds=True,
-                    pass_fds=[3] if with_net else [],
+                    pass_fds=[
+                        *([3] if with_net else []),
+                        *([refusals.write_fd] if refusals else []),
+                    ],
                     cwd="/",
                 )
             except (OSError, subprocess.SubprocessError) as exc:
@@ -512,6 +528,8 @@ class GVisorBackend:
                 relay.close(0)
                 raise SandboxStartError(0, f"cannot start runsc: {detail or exc}") from exc
             os.close(err_r)
+            if refusals is not None:
+                refusals.started()
             os.close(ready_w)
             fds.remove(ready_w)
             link: gnet.BrokerLink | None = None
@@ -561,14 +579,22 @@ class GVisorBackend:
                 runsc=runsc,
                 placeholders=placeholders,
                 relay=relay,
+                refusals=refusals,
+                lease=lease,
             )
             cgroup = None
             placeholders = None
+            refusals = None
+            lease = None
             return sandbox
         except BaseException:
             if cgroup is not None:
                 with contextlib.suppress(CgroupError):
                     cgroup.remove()
+            if refusals is not None:
+                refusals.close()
+            if lease is not None:
+                lease.close()
             if placeholders is not None:
                 placeholders.release()
             shutil.rmtree(base, ignore_errors=True)
@@ -720,8 +746,12 @@ class GVisorSandbox(CgroupProcessHandle):
         runsc: str,
         placeholders: object | None = None,
         relay: StdioRelay | None = None,
+        refusals: SentryRefusals | None = None,
+        lease: UidLease | None = None,
     ) -> None:
         self.proc = proc
+        self._refusals = refusals
+        self._lease = lease
         self.holder = holder
         self._located = located
         self._leftovers = 0
@@ -816,6 +846,12 @@ class GVisorSandbox(CgroupProcessHandle):
         code, reason = decide_exit(
             rc=rc, oom_kills=oom, timed_out=timed_out, interrupted=interrupted
         )
+        # The cgroup's hits are gVisor's host tasks; the command's forks are
+        # refused inside, by the sentry (gvisor.nproc). Every runsc process
+        # is dead: the count only drains what the sentry wrote.
+        hits = usage.pids_limit_hits if usage else 0
+        if self._refusals is not None:
+            hits += self._refusals.count()
         return ExecResult(
             exit=code,
             reason=reason,
@@ -825,13 +861,14 @@ class GVisorSandbox(CgroupProcessHandle):
             processes_killed_at_end=self._leftovers,
             layers=dict(self._layers),
             oom_kills=oom,
-            pids_limit_hits=usage.pids_limit_hits if usage else 0,
+            pids_limit_hits=hits,
         )
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        emptied = False
         try:
             if self.proc.poll() is None or (self.holder and self.holder.poll() is None):
                 self.kill_all()
@@ -840,12 +877,19 @@ class GVisorSandbox(CgroupProcessHandle):
                     self.holder.wait()
             if self.cgroup is not None:
                 self.cgroup.remove()
+                emptied = True
         finally:
             if self._relay is not None:
                 self._relay.close(1.0)
             # Every runsc process is dead (the cgroup is empty): the state
             # directory is only files now.
             shutil.rmtree(self.base, ignore_errors=True)
+            if self._refusals is not None:
+                self._refusals.close()
+            if self._lease is not None:
+                # Unless the cgroup (every process of the uid) was removed,
+                # the next holder scans /proc before reusing the id.
+                self._lease.close(clean=emptied)
             release = getattr(self._placeholders, "release", None)
             if release is not None:
                 release()

@@ -123,7 +123,7 @@ def build_config(plan: BundlePlan) -> dict[str, object]:
         # command the container's rlimits (not its own process's): the
         # command's uid gets exactly the processes the spec allows. The
         # cgroup only bounds gVisor's host tasks (backend.cgroup_limits); a
-        # refusal here is the sentry's and not visible to the host.
+        # refusal here is the sentry's, which only its log tells (gvisor.nproc).
         n = spec.limits.pids
         process["rlimits"] = [{"type": "RLIMIT_NPROC", "hard": n, "soft": n}]
     return {
@@ -201,6 +201,7 @@ def runsc_argv(
     rootless: bool = False,
     network: str = "none",
     log_file: str | None = None,
+    extra_flags: tuple[str, ...] = (),
 ) -> list[str]:
     """`runsc run` for one bundle: no network stack but loopback, cgroups left to corral.
 
@@ -222,6 +223,7 @@ def runsc_argv(
         # runsc's own errors (e.g. the command cannot be executed) land
         # here, apart from the command's stderr: see backend.exec_failure.
         argv.append(f"--log={log_file}")
+    argv += extra_flags
     argv += ["run", "--bundle", bundle_dir, container_id]
     return argv
 

@@ -7,11 +7,18 @@ would re-own and re-mode host files: /dev/null, a file the caller
 redirected output to, a terminal. So runsc only ever gets the ends of fresh
 pipes, and threads here copy bytes between those pipes and the real
 descriptors; the worst a re-owned pipe allows is to write to the pipe.
+
+The relay copies to and from its own duplicates of the caller's descriptors:
+a caller may close its copy as soon as the sandbox started (as it may under
+the namespace backend, whose child holds its own), and a thread still
+writing to the closed number would write the command's output into
+whatever file next took that number (a journal, a database).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import select
 import threading
@@ -26,6 +33,14 @@ def _isatty(fd: int) -> bool:
         return os.isatty(fd)
     except OSError:
         return False
+
+
+def _dup(fd: int) -> int:
+    """A close-on-exec duplicate of `fd`, or -1 when it is not open."""
+    try:
+        return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    except OSError:
+        return -1
 
 
 def _write_all(fd: int, data: bytes) -> bool:
@@ -56,12 +71,13 @@ class StdioRelay:
         # terminal is empty, output to one is dropped; `corral exec` passes
         # its pty relay's descriptors instead.
         src = [s if s is not None else i for i, s in enumerate(sources)]
-        self._src = tuple(-1 if _isatty(fd) else fd for fd in src)
+        self._src = tuple(-1 if _isatty(fd) else _dup(fd) for fd in src)
         self._in_r, self._in_w = os.pipe2(os.O_CLOEXEC)
         self._out_r, self._out_w = os.pipe2(os.O_CLOEXEC)
         self._err_r, self._err_w = os.pipe2(os.O_CLOEXEC)
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
-        self._threads: list[threading.Thread] = []
+        #: Thread -> the duplicate it uses, closed once the thread is done.
+        self._threads: list[tuple[threading.Thread, int]] = []
 
     def child_fds(self) -> tuple[int, int, int]:
         """The pipe ends runsc gets as fds 0, 1, 2."""
@@ -102,27 +118,35 @@ class StdioRelay:
         for fd in (self._in_r, self._out_w, self._err_w):
             os.close(fd)
         self._in_r = self._out_w = self._err_w = -1
-        for target, args in (
-            (self._feed, ()),
-            (self._drain, (self._out_r, self._src[1])),
-            (self._drain, (self._err_r, self._src[2])),
+        for target, args, own in (
+            (self._feed, (), self._src[0]),
+            (self._drain, (self._out_r, self._src[1]), self._src[1]),
+            (self._drain, (self._err_r, self._src[2]), self._src[2]),
         ):
             t = threading.Thread(target=target, args=args, daemon=True)
             t.start()
-            self._threads.append(t)
+            self._threads.append((t, own))
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop feeding stdin; wait for the output to drain (every writer is dead by now)."""
         with contextlib.suppress(OSError):
             os.write(self._stop_w, b"x")
-        for t in self._threads:
+        for t, own in self._threads:
             t.join(timeout_s)
+            # A thread still running keeps its duplicate: closing it under
+            # the thread would free the number for another file.
+            if not t.is_alive() and own >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(own)
         for fd in (self._in_r, self._out_w, self._err_w, self._stop_r, self._stop_w):
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._in_r = self._out_w = self._err_w = self._stop_r = self._stop_w = -1
         if not self._threads:
-            for fd in (self._in_w, self._out_r, self._err_r):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            for fd in (self._in_w, self._out_r, self._err_r, *self._src):
+                if fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+        self._threads = []
+        self._src = (-1, -1, -1)

@@ -3,8 +3,9 @@ CPU and wall-clock limits hold.
 
 Judged from the host: the kernel's peak memory counter (the backend's
 `peak_memory_bytes`, or a measuring cgroup the suite puts the backend in),
-the host's own sampling of marker processes (count, RSS, CPU time) and the
-host wall clock. These probes run one at a time, after the others.
+the host's own sampling of marker processes (count, RSS, CPU time), host
+paths the task creates and the backend's own timeout record. These probes
+run one at a time, after the others.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from corral.verify.oracles import (
     CpuRateAbove,
     Fact,
     MemoryAbove,
+    OutlivedLimit,
     ProcsAbove,
     Reported,
-    WallAbove,
 )
 from corral.verify.probes._dsl import code
 
@@ -175,11 +176,17 @@ PROBES: list[Probe] = [
         "M7",
         "sleep 5 s under a 1.5 s wall-clock limit",
         code("""
+          open(P["ws"] + "/started-" + MARKER, "w").close()
           time.sleep(5)
+          open(P["ws"] + "/finished-" + MARKER, "w").close()
           print("slept 5 s")
           """),
-        WallAbove(3.5),
+        OutlivedLimit("started", "finished"),
         limits=ProbeLimits(timeout_s=1.5),
+        checks=(
+            PathExists("started", "{ws}/started-{marker}"),
+            PathExists("finished", "{ws}/finished-{marker}"),
+        ),
         serial=True,
     ),
     Probe(
