@@ -44,8 +44,14 @@ __all__ = [
 #: The byte the forwarder sends once it is connected inside.
 CONNECTED = b"\x00"
 #: Runs under the sandbox's /usr/bin/python3 with -I -S (standard library only).
+#: Its stdio arrive non-blocking (`runsc exec` is Go, whose poller sets
+#: O_NONBLOCK on the socketpair end it hands the sentry): without making them
+#: blocking a full stdout raised EAGAIN and ended the relay, so a product
+#: whose reader stalled had its stream cut short instead of held.
 FORWARDER = (
     "import os, socket, sys, threading\n"
+    "os.set_blocking(0, True)\n"
+    "os.set_blocking(1, True)\n"
     "try:\n"
     "    c = socket.create_connection(('127.0.0.1', int(sys.argv[1])))\n"
     "except OSError:\n"
