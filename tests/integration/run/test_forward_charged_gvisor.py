@@ -271,3 +271,73 @@ def test_stalled_gvisor_forwards_are_charged_to_the_run_not_to_the_coordinator(
                 coordinator.wait()
             assert coordinator.stdout is not None
             coordinator.stdout.close()
+
+
+#: Answers every connection with how many it accepted so far, then echoes.
+_COUNTING = f"""
+import socket, threading
+s = socket.create_server(("127.0.0.1", {PORT}))
+open("ready", "w").write("1")
+n = 0
+def serve(c, k):
+    with c:
+        while d := c.recv(65536):
+            c.sendall(b"%d:" % k + d)
+while True:
+    c = s.accept()[0]
+    n += 1
+    threading.Thread(target=serve, args=(c, n), daemon=True).start()
+"""
+
+
+def test_a_dialled_gvisor_product_is_connected_only_after_the_journal_said_yes(
+    cgroups: tuple[RunCgroup, RunCgroup], tmp_path: Path
+) -> None:
+    from corral.run.forward_helper import HelperForwarder
+    from corral.sandbox.backend import GVisorConfig, SandboxNet
+    from corral.sandbox.spec import SandboxSpec
+
+    run, _ = cgroups
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    os.chmod(ws, 0o777)
+    verdicts = [False, True]
+    journaled: list[str] = []
+
+    def on_connect(target: str) -> None:
+        journaled.append(target)
+        if not verdicts.pop(0):
+            raise OSError("journal write failed")
+
+    nets: list[SandboxNet] = []
+    spec = SandboxSpec(
+        argv=("/usr/bin/python3", "-I", "-c", _COUNTING),
+        workspace=str(ws),
+        env=(("PATH", "/usr/bin:/bin"),),
+    )
+    sb = GVisorConfig().load().start(spec, parent_cgroup=run.relpath, network=nets.append)
+    fwd: HelperForwarder | None = None
+    try:
+        deadline = time.monotonic() + 60
+        while not (ws / "ready").exists():
+            assert time.monotonic() < deadline and sb.poll() is None, "the product never listened"
+            time.sleep(0.1)
+        fwd = HelperForwarder(on_connect, run.helper_procs("forward"), tmp_path / "forward.log")
+        listener = socket.create_server(("127.0.0.1", 0))
+        addr = listener.getsockname()
+        fwd.expose(listener, nets[0], PORT)
+        with socket.create_connection(addr, timeout=60) as c:
+            c.sendall(b"refused")
+            assert c.recv(100) == b""  # the journal refused: closed, nothing relayed
+        with socket.create_connection(addr, timeout=60) as c:
+            c.sendall(b"hello")
+            # The product's first connection: the refused one never reached it.
+            assert c.recv(100) == b"1:hello"
+            # ...and its relay is the helper's child, not this process's.
+            assert _relays(_children(fwd.pid)) and not _relays(_children(os.getpid()))
+        assert journaled == [f"product:127.0.0.1:{PORT}"] * 2
+    finally:
+        if fwd is not None:
+            fwd.close()
+        sb.kill_all()
+        sb.close()

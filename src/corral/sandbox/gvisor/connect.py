@@ -121,8 +121,8 @@ class ExecTarget:
     cgroup_procs: tuple[str, ...] = ()
 
 
-#: The longest `ExecDial.to_wire()` form accepted.
-DIAL_WIRE_MAX = 4096
+#: The longest `ExecDial.to_wire()` form accepted: every field at its bound fits.
+DIAL_WIRE_MAX = 16384
 _FIELD_MAX = 512
 _PROCS_MAX = 16
 
