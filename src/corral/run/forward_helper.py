@@ -14,9 +14,14 @@ backend) has that namespace's descriptor handed to the helper with the
 listener, and the helper creates and connects the product's socket itself:
 the socket is allocated in the run cgroup, so its kernel buffers are
 charged there (a socket's memory is charged to the cgroup of the process
-that created it, whoever holds it later). For any other backend the handle
-cannot leave the coordinator: it connects and passes the socket over, and
-that socket's buffers stay the coordinator's (docs/resources.md). What the
+that created it, whoever holds it later). A product reached by a relay
+command (`ExecNet`, gVisor's `runsc exec`) has what that command needs
+(runsc's state, the container, the holder's pid: host-made, bounded) sent
+with the listener, and the helper starts each relay itself: the process,
+its socketpair and the thread draining it are the run's. For any other
+backend the handle cannot leave the coordinator: it connects and passes
+the socket over, and that socket stays the coordinator's
+(docs/resources.md). What the
 helper says is hostile: one datagram of at most `_MSG_MAX` bytes, one exact
 form, descriptors it sends are closed unread.
 """
@@ -36,7 +41,7 @@ from typing import TYPE_CHECKING, Literal
 from corral.errors import HelperError
 from corral.pauseclock import Clock
 from corral.run.helpers import Helper
-from corral.sandbox.backend import NamespaceNet
+from corral.sandbox.backend import ExecNet, NamespaceNet
 
 if TYPE_CHECKING:
     from corral.sandbox.backend import SandboxNet
@@ -108,18 +113,20 @@ class HelperForwarder:
 
     def expose(self, listener: socket.socket, product: SandboxNet, port: int) -> Callable[[], None]:
         """Serve `listener` (handed to the helper, closed here); returns its `stop`."""
-        dial = isinstance(product, NamespaceNet)
+        exec_dial = product.exec_dial() if isinstance(product, ExecNet) else None
+        dial = isinstance(product, NamespaceNet) or exec_dial is not None
         with self._lock:
             self._next += 1
             xid = self._next
             self._exposed[xid] = (product, port, dial)
         try:
-            if dial:
-                assert isinstance(product, NamespaceNet)
-                msg, fds = f"expose {xid} {port} ns", [listener.fileno(), product.namespace_fd()]
+            if isinstance(product, NamespaceNet):
+                msg, fds = f"expose {xid} {port} ns".encode(), [product.namespace_fd()]
+            elif exec_dial is not None:
+                msg, fds = f"expose {xid} {port} exec ".encode() + exec_dial.to_wire(), []
             else:
-                msg, fds = f"expose {xid} {port}", [listener.fileno()]
-            socket.send_fds(self._ctl, [msg.encode()], fds)
+                msg, fds = f"expose {xid} {port}".encode(), []
+            socket.send_fds(self._ctl, [msg], [listener.fileno(), *fds])
         except OSError as exc:
             gone = self.dead()
             raise (gone or HelperError(f"the forward helper: {exc}")) from exc

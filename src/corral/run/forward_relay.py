@@ -7,6 +7,9 @@ connect there) and opens no journal. Over its control socket
     coordinator -> helper   expose ID PORT      + SCM_RIGHTS: a listening socket
                             expose ID PORT ns   + SCM_RIGHTS: a listening socket and
                                                   the product's network namespace
+                            expose ID PORT exec DIAL
+                                                + SCM_RIGHTS: a listening socket; DIAL
+                                                  is gvisor.connect.ExecDial's wire form
                             stop ID
                             conn REQ dial       (journaled: connect to the product yourself)
                             conn REQ ok         + SCM_RIGHTS: a socket connected to the product
@@ -20,12 +23,16 @@ observation is durable before the product is connected or a byte relayed.
 With the product's namespace (`dial`) the helper creates and connects the
 product's socket itself: a socket is charged to the memory cgroup of the
 process that creates it, so both sockets of a relay, their kernel buffers
-and every user buffer live in this process, charged to the run.
+and every user buffer live in this process, charged to the run. With an
+`exec` product (gVisor) the helper starts the product's relay itself
+(`gvisor.connect.connect`: `runsc exec`, which joins the sandbox's cgroup):
+the socketpair, the relay process's parent and its stderr's drain are here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 import re
@@ -33,6 +40,7 @@ import socket
 import sys
 
 from corral.errors import SandboxStartError
+from corral.sandbox.gvisor.connect import DIAL_WIRE_MAX, ExecDial
 from corral.sandbox.netns import socket_in
 
 __all__ = ["CHUNK", "SOCK_BUF", "serve"]
@@ -44,11 +52,17 @@ CHUNK = 64 << 10
 SOCK_BUF = 128 << 10
 
 _MSG_MAX = 128
-_EXPOSE = re.compile(rb"^expose ([0-9]{1,9}) ([0-9]{1,5})( ns)?$")
+#: The coordinator's messages: an `exec` expose carries its dial data.
+_CTL_MAX = _MSG_MAX + DIAL_WIRE_MAX
+_EXPOSE = re.compile(rb"^expose ([0-9]{1,9}) ([0-9]{1,5})( ns| exec (.+))?$", re.DOTALL)
 _STOP = re.compile(rb"^stop ([0-9]{1,9})$")
 _CONN = re.compile(rb"^conn ([0-9]{1,9}) (ok|refused|dial)$")
 #: How long connect() to the product may take (a full listen backlog drops SYNs).
 _DIAL_S = 10.0
+#: How long a `runsc exec` relay may take to connect inside (it starts a process there).
+_EXEC_DIAL_S = 30.0
+#: `runsc exec` relays starting at once; more connections wait for one.
+_EXEC_DIALS = 4
 
 _Answer = socket.socket | bytes | None
 
@@ -67,6 +81,11 @@ class _Relay:
         self._tasks: dict[int, set[asyncio.Task[None]]] = {}
         #: id -> (the product's port, its network namespace's descriptor)
         self._netns: dict[int, tuple[int, int]] = {}
+        #: id -> (the product's port, how to start a relay inside it)
+        self._exec: dict[int, tuple[int, ExecDial]] = {}
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            _EXEC_DIALS, thread_name_prefix="corral-forward-exec"
+        )
         self._waiting: dict[int, asyncio.Future[_Answer]] = {}
         self._req = 0
         self._home = os.stat("/proc/thread-self/ns/net").st_ino
@@ -74,7 +93,7 @@ class _Relay:
 
     def on_ctl(self) -> None:
         try:
-            msg, fds, _flags, _addr = socket.recv_fds(self._ctl, _MSG_MAX, 2)
+            msg, fds, _flags, _addr = socket.recv_fds(self._ctl, _CTL_MAX, 2)
         except BlockingIOError:
             return
         except OSError:
@@ -83,9 +102,12 @@ class _Relay:
             _close_fds(fds)
             self.done.set()
             return
-        if (m := _EXPOSE.match(msg)) and len(fds) == (2 if m[3] else 1):
+        dial = ExecDial.from_wire(m[4]) if (m := _EXPOSE.match(msg)) and m[4] else None
+        if m and (dial is not None or not m[4]) and len(fds) == (2 if m[3] == b" ns" else 1):
             listener = socket.socket(fileno=fds[0])
-            if m[3]:
+            if dial is not None:
+                self._exec[int(m[1])] = (int(m[2]), dial)
+            elif m[3]:
                 self._netns[int(m[1])] = (int(m[2]), fds[1])
             self._loop.create_task(self._expose(int(m[1]), listener))
             return
@@ -117,6 +139,7 @@ class _Relay:
         _, ns = self._netns.pop(xid, (0, -1))
         if ns >= 0:
             os.close(ns)
+        self._exec.pop(xid, None)
         await asyncio.sleep(0)
 
     async def _product(self, xid: int) -> socket.socket | None:
@@ -138,6 +161,8 @@ class _Relay:
 
     async def _dial(self, xid: int) -> socket.socket | None:
         """A socket of ours connected to the product's 127.0.0.1:PORT in its namespace."""
+        if xid in self._exec:
+            return await self._dial_exec(*self._exec[xid])
         if xid not in self._netns:
             return None
         port, ns = self._netns[xid]
@@ -160,6 +185,23 @@ class _Relay:
         finally:
             if not connected:
                 sock.close()
+        return sock
+
+    async def _dial_exec(self, port: int, dial: ExecDial) -> socket.socket | None:
+        """Our end of a relay started inside the product by `runsc exec` (a thread:
+        connect() blocks until the relay is connected inside)."""
+        from corral.sandbox.gvisor.connect import connect
+
+        cf = self._pool.submit(connect, dial.target, dial.holder, port, _EXEC_DIAL_S)
+        try:
+            sock = await asyncio.wrap_future(cf)
+        except asyncio.CancelledError:
+            # The thread cannot be stopped: what it connects is closed when it does.
+            cf.add_done_callback(_close_result)
+            raise
+        except OSError:
+            return None
+        _bound(sock)
         return sock
 
     async def _serve(
@@ -192,6 +234,12 @@ class _Relay:
     async def close(self) -> None:
         for xid in list(self._servers):
             await self._stop(xid)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _close_result(cf: concurrent.futures.Future[socket.socket]) -> None:
+    if not cf.cancelled() and cf.exception() is None:
+        cf.result().close()
 
 
 def _close_fds(fds: list[int]) -> None:

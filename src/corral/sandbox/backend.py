@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from corral.sandbox.cgroup import CgroupUsage
+    from corral.sandbox.gvisor.connect import ExecDial
     from corral.sandbox.spec import ExecResult, SandboxSpec
     from corral.sandbox.unix_admit import UnixConnectEvent
 
@@ -48,6 +49,7 @@ __all__ = [
     "BACKEND_KINDS",
     "Backend",
     "BackendConfig",
+    "ExecNet",
     "GVisorConfig",
     "MicroVMConfig",
     "NamespaceConfig",
@@ -83,6 +85,19 @@ class NamespaceNet(SandboxNet, Protocol):
 
     def namespace_fd(self) -> int:
         """The namespace's descriptor, still owned by the net (pass a copy on)."""
+        ...
+
+
+@runtime_checkable
+class ExecNet(SandboxNet, Protocol):
+    """A `SandboxNet` whose connect() starts a relay inside the sandbox with a
+    host command (gVisor's `runsc exec`). corral's forward helper runs that
+    command itself from `exec_dial()`, so the relay process, its socketpair
+    and what drains it are the run cgroup's, not the coordinator's."""
+
+    def exec_dial(self) -> ExecDial | None:
+        """What any host process needs to connect as this net does (host-made,
+        bounded); None when only this process can."""
         ...
 
 

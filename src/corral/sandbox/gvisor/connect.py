@@ -21,6 +21,7 @@ raises.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -33,8 +34,10 @@ from corral.sandbox.namespace import set_pdeathsig
 
 __all__ = [
     "CONNECTED",
+    "DIAL_WIRE_MAX",
     "FORWARDER",
     "LISTENER",
+    "ExecDial",
     "ExecTarget",
     "connect",
     "forwarder_argv",
@@ -44,8 +47,14 @@ __all__ = [
 #: The byte the forwarder sends once it is connected inside.
 CONNECTED = b"\x00"
 #: Runs under the sandbox's /usr/bin/python3 with -I -S (standard library only).
+#: Its stdio arrive non-blocking (`runsc exec` is Go, whose poller sets
+#: O_NONBLOCK on the socketpair end it hands the sentry): without making them
+#: blocking a full stdout raised EAGAIN and ended the relay, so a product
+#: whose reader stalled had its stream cut short instead of held.
 FORWARDER = (
     "import os, socket, sys, threading\n"
+    "os.set_blocking(0, True)\n"
+    "os.set_blocking(1, True)\n"
     "try:\n"
     "    c = socket.create_connection(('127.0.0.1', int(sys.argv[1])))\n"
     "except OSError:\n"
@@ -110,6 +119,71 @@ class ExecTarget:
     gid: int
     #: cgroup.procs files the forwarder's host process joins.
     cgroup_procs: tuple[str, ...] = ()
+
+
+#: The longest `ExecDial.to_wire()` form accepted: every field at its bound fits.
+DIAL_WIRE_MAX = 16384
+_FIELD_MAX = 512
+_PROCS_MAX = 16
+
+
+@dataclass(frozen=True, slots=True)
+class ExecDial:
+    """What a host process other than the sandbox's owner needs to `connect()`:
+    the `ExecTarget` and the pid of the `unshare` holding the sandbox. All of it
+    is made by the host when the sandbox starts, none read from the sandbox."""
+
+    target: ExecTarget
+    holder: int
+
+    def to_wire(self) -> bytes:
+        t = self.target
+        doc = {
+            "runsc": t.runsc,
+            "state_dir": t.state_dir,
+            "container_id": t.container_id,
+            "uid": t.uid,
+            "gid": t.gid,
+            "cgroup_procs": list(t.cgroup_procs),
+            "holder": self.holder,
+        }
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_wire(cls, data: bytes) -> ExecDial | None:
+        """The form `to_wire` wrote, or None for anything else (bounded, exact)."""
+        if len(data) > DIAL_WIRE_MAX:
+            return None
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            return None
+        keys = {"runsc", "state_dir", "container_id", "uid", "gid", "cgroup_procs", "holder"}
+        if not isinstance(doc, dict) or set(doc) != keys:
+            return None
+        texts = [doc["runsc"], doc["state_dir"], doc["container_id"]]
+        procs = doc["cgroup_procs"]
+        if not isinstance(procs, list) or len(procs) > _PROCS_MAX:
+            return None
+        if not all(
+            isinstance(x, str) and 0 < len(x) <= _FIELD_MAX and "\0" not in x
+            for x in (*texts, *procs)
+        ):
+            return None
+        nums = [doc["uid"], doc["gid"], doc["holder"]]
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in nums):
+            return None
+        if doc["holder"] == 0:
+            return None
+        target = ExecTarget(
+            runsc=doc["runsc"],
+            state_dir=doc["state_dir"],
+            container_id=doc["container_id"],
+            uid=doc["uid"],
+            gid=doc["gid"],
+            cgroup_procs=tuple(procs),
+        )
+        return cls(target, doc["holder"])
 
 
 def forwarder_argv(

@@ -28,7 +28,7 @@ from corral.errors import SandboxStartError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from corral.sandbox.gvisor.connect import ExecTarget
+    from corral.sandbox.gvisor.connect import ExecDial, ExecTarget
 
 __all__ = ["BROKER_IP", "SANDBOX_IP", "BrokerLink", "rewrite_proxy_env", "runsc_prelude"]
 
@@ -81,7 +81,8 @@ class BrokerLink:
     """The broker's end of the link; a `SandboxNet` whose listen() binds BROKER_IP (and,
     once the sandbox runs, `start_relays` relays the sandbox's own 127.0.0.1 there)
     and whose connect() reaches the sandbox's own 127.0.0.1 through `target`
-    (gvisor.connect).
+    (gvisor.connect); `exec_dial()` lets the run's forward helper do that
+    connect() itself (an `ExecNet`).
 
     `sandbox_pid` is a process in the namespace runsc will start in (it
     must not have started runsc yet). Call `close()` once the broker holds
@@ -168,6 +169,14 @@ class BrokerLink:
         from corral.sandbox.gvisor.connect import connect
 
         return connect(self._target, self._sandbox_pid, port)
+
+    def exec_dial(self) -> ExecDial | None:
+        """What another host process needs to `connect()` as this link does (`ExecNet`)."""
+        if self._target is None:
+            return None
+        from corral.sandbox.gvisor.connect import ExecDial
+
+        return ExecDial(self._target, self._sandbox_pid)
 
     def close(self) -> None:
         if self.helper > 0:
