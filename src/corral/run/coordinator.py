@@ -750,6 +750,11 @@ class Coordinator:
             parent_cgroup=cg.relpath,
             backend=self._backends["agent"],
             run_cgroup=cg.key,
+            # One resident per run, in the run's helpers cgroup (on_broker), so
+            # its sessions skip a broker start while pause, the run's caps and
+            # its teardown still cover the broker.
+            resident_broker=os.environ.get("CORRAL_BROKER", "resident") != "cold",
+            resident_socket=self.layout.root / "broker" / "resident.sock",
         )
         hooks = SessionHooks(
             should_stop=self._stopping,
