@@ -86,7 +86,7 @@ class Sibling:
             mount = layout.v1_mount("cpu") if layout.kind == "v1" else layout.unified
         self.dir: str | None = None
         self.home: str | None = None
-        if mount is None or os.geteuid() != 0:
+        if layout is None or mount is None or os.geteuid() != 0:
             return
         with open("/proc/self/cgroup", encoding="ascii") as fh:
             for line in fh:
@@ -169,7 +169,7 @@ def _p90(values: list[float]) -> float:
 
 
 def _median(samples: list[Sample], key: str) -> float:
-    return statistics.median(getattr(s, key) for s in samples)
+    return float(statistics.median(float(getattr(s, key)) for s in samples))
 
 
 def main() -> int:
@@ -225,8 +225,9 @@ def main() -> int:
             if side == "bare-sib":
                 line += "   (the bare CLI, scheduled where a sandbox is)"
             elif side != "bare":
-                keys = ("wall", "cli_cpu", "total_cpu")
-                ratios = [_median(samples, k) / _median(bare, k) for k in keys]
+                ratios = [
+                    _median(samples, k) / _median(bare, k) for k in ("wall", "cli_cpu", "total_cpu")
+                ]
                 line += "   " + " / ".join(f"{r:.2f}x" for r in ratios)
                 if sib:
                     line += f"; {_median(samples, 'wall') / _median(sib, 'wall'):.2f}x"
