@@ -293,7 +293,14 @@ class Coordinator:
             return 0
         if self._stop_signal is not None and self._provider.dead() is not None:
             return self._provider.last_tokens  # killed by the stop
-        return self._provider.tokens_served
+        try:
+            return self._provider.tokens_served
+        except HelperError:
+            if self._stop_signal is None:
+                raise
+            # `corral stop` kills it while frozen: it exits only once thawed,
+            # which can be after `dead()` looked.
+            return self._provider.last_tokens
 
     def _check_helpers(self) -> None:
         """Raise (journaled) when a helper of the run died: the run cannot go on without it."""
@@ -765,6 +772,11 @@ class Coordinator:
             parent_cgroup=cg.relpath,
             backend=self._backends["agent"],
             run_cgroup=cg.key,
+            # One resident per run, in the run's helpers cgroup (on_broker), so
+            # its sessions skip a broker start while pause, the run's caps and
+            # its teardown still cover the broker.
+            resident_broker=os.environ.get("CORRAL_BROKER", "resident") != "cold",
+            resident_socket=self.layout.root / "broker" / "resident.sock",
         )
         hooks = SessionHooks(
             should_stop=self._stopping,

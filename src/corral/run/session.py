@@ -111,7 +111,9 @@ class SessionPlan:
     backend: Backend | None = None
     """The agent sandbox's backend (None: the namespace backend)."""
     resident_broker: bool = False
-    """Egress from the per-user resident broker (`broker/resident.py`), not a fresh process."""
+    """Egress from a resident broker (`broker/resident.py`), not a fresh process."""
+    resident_socket: Path | None = None
+    """That resident's control socket (None: the per-user one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,6 +347,7 @@ def _agent(
         env=ident.env,
         control=_control_socket(plan),
         resident=plan.resident_broker,
+        resident_socket=plan.resident_socket,
     )
     out = Capture(plan.stdout, head=_OUT_HEAD, tail=_OUT_TAIL)
     stack.callback(out.finish)
@@ -373,7 +376,10 @@ def _agent(
         err.close_writer()
     if kdenials is not None:
         kdenials.watch_running(running, ident)
-    broker_pid = egress.process.pid if egress.process else None
+    if egress.process is not None:
+        broker_pid: int | None = egress.process.pid
+    else:
+        broker_pid = egress.attachment.pid if egress.attachment is not None else None
     if broker_pid is not None:
         hooks.on_broker(broker_pid)
     try:

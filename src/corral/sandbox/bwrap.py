@@ -20,6 +20,7 @@ __all__ = [
     "BwrapPlan",
     "StagedBind",
     "build_argv",
+    "etc_link_target",
 ]
 
 #: Host /etc entries the sandbox may read. Everything else in /etc (shadow,
@@ -63,6 +64,19 @@ SYSTEM_SYMLINK_CANDIDATES: tuple[str, ...] = ("bin", "sbin", "lib", "lib32", "li
 INIT_DIR = "/run/corral"
 
 
+def etc_link_target(link: str) -> str | None:
+    """Where an allowlisted `/etc` entry that is a symlink on the host (its
+    text `link`) points inside: its absolute target when that lies in /usr
+    (the sandbox sees the host's /usr), else None (the entry is bound).
+
+    A bind follows the link, and given a regular /etc/localtime, ICU (in
+    Node and Bun: Claude Code) recovers the zone's name by comparing every
+    file of /usr/share/zoneinfo with it: 1,344 file operations per start.
+    """
+    target = posixpath.normpath(posixpath.join("/etc", link))
+    return target if target.startswith("/usr/") else None
+
+
 @dataclass(frozen=True, slots=True)
 class StagedBind:
     """A user bind whose host source was staged (idmapped) at `source`."""
@@ -99,6 +113,9 @@ class BwrapPlan:
     #: Binds over host-executed workspace paths (read-only) and their parent
     #: directories (pinned writable) (sandbox/protect.py).
     protect_binds: tuple[StagedBind, ...] = ()
+    #: (entry, target) for allowlisted /etc entries that are symlinks into
+    #: /usr on the host (`etc_link_target`): recreated as symlinks, not bound.
+    etc_links: tuple[tuple[str, str], ...] = ()
 
 
 def _depth_key(bind: StagedBind) -> tuple[int, str]:
@@ -152,6 +169,8 @@ def build_argv(plan: BwrapPlan) -> list[str]:
     for entry in plan.etc_entries:
         path = posixpath.join("/etc", entry)
         argv += ["--ro-bind", path, path]
+    for entry, target in plan.etc_links:
+        argv += ["--symlink", target, posixpath.join("/etc", entry)]
     for dest, fd in plan.data_files:
         argv += ["--ro-bind-data", str(fd), dest]
     for source, dest in plan.ro_binds:

@@ -592,6 +592,19 @@ def _etc_entries() -> tuple[str, ...]:
     return tuple(e for e in bw.ETC_ALLOWLIST if os.path.lexists(f"/etc/{e}"))
 
 
+def _etc_links() -> tuple[tuple[str, str], ...]:
+    out: list[tuple[str, str]] = []
+    for entry in bw.ETC_ALLOWLIST:
+        try:
+            link = os.readlink(f"/etc/{entry}")
+        except OSError:
+            continue
+        target = bw.etc_link_target(link)
+        if target is not None:
+            out.append((entry, target))
+    return tuple(out)
+
+
 def decide_exit(
     *,
     host_code: int | None,
@@ -1180,11 +1193,14 @@ def bwrap_plan(
     dests = [d for d, _ in _data_files(spec, init_files)]
     if len(dests) != len(data_fds):
         raise SandboxStartError(0, f"{len(dests)} data files but {len(data_fds)} descriptors")
+    etc_links = _etc_links()
+    linked = {e for e, _ in etc_links}
     return bw.BwrapPlan(
         bwrap=bwrap,
         spec=spec,
         system_links=_system_links(),
-        etc_entries=_etc_entries(),
+        etc_entries=tuple(e for e in _etc_entries() if e not in linked),
+        etc_links=etc_links,
         binds=staged,
         data_files=tuple(zip(dests, data_fds, strict=True)),
         init_argv=init_argv,

@@ -217,3 +217,22 @@ def test_a_pinned_directory_never_covers_a_deeper_user_bind() -> None:
     )
     argv = build_argv(plan)
     assert argv.index("/work/p") < argv.index("/work/p/a") < argv.index("/work/p/a/data")
+
+
+def test_etc_links_are_symlinks_after_the_etc_binds() -> None:
+    argv = build_argv(_plan(etc_links=(("localtime", "/usr/share/zoneinfo/Etc/UTC"),)))
+    i = argv.index("/etc/localtime")
+    assert argv[i - 2 : i + 1] == ["--symlink", "/usr/share/zoneinfo/Etc/UTC", "/etc/localtime"]
+    assert argv.index("/etc/ssl") < i < argv.index("/etc/passwd")
+
+
+def test_etc_link_target_only_into_usr() -> None:
+    from corral.sandbox.bwrap import etc_link_target
+
+    assert etc_link_target("/usr/share/zoneinfo/Etc/UTC") == "/usr/share/zoneinfo/Etc/UTC"
+    assert etc_link_target("../usr/lib/os-release") == "/usr/lib/os-release"
+    # Targets the sandbox does not see as the host does stay binds (followed by bwrap).
+    assert etc_link_target("/var/lib/tz/localtime") is None
+    assert etc_link_target("../proc/self/mounts") is None
+    assert etc_link_target("/usr/../etc/shadow") is None
+    assert etc_link_target("zoneinfo") is None
