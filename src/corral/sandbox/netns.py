@@ -51,8 +51,8 @@ def listen_on(sock: socket.socket, port: int, *, wait_s: float = 5.0) -> socket.
                 sock.bind(("127.0.0.1", port))
                 break
             except OSError as exc:
-                # bwrap reports the sandbox's pid before its child has brought
-                # `lo` up, so 127.0.0.1 may not exist in the namespace yet.
+                # A namespace whose `lo` is not configured yet (see
+                # NetNs.await_loopback) may refuse the address, on some kernels.
                 if exc.errno != errno.EADDRNOTAVAIL or time.monotonic() >= deadline:
                     raise
                 time.sleep(0.005)
@@ -117,8 +117,8 @@ class NetNs:
 
         bwrap reports its child's pid before that child has configured `lo`
         (RTM_NEWADDR, then RTM_NEWLINK IFF_UP). Until then a connect() to
-        127.0.0.1 fails with ENETUNREACH, yet bind() to it succeeds (Linux
-        6.x), so a listener made at once cannot tell. We cannot bring `lo` up
+        127.0.0.1 fails with ENETUNREACH, yet bind() to it already succeeds
+        (Linux 6.18), so a listener made at once cannot tell. We cannot bring `lo` up
         ourselves: the kernel then adds 127.0.0.1 and bwrap's exclusive
         RTM_NEWADDR fails. The link group is joined before the flags are
         read, so the change cannot fall between the read and the wait.

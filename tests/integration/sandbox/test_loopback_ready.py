@@ -1,7 +1,7 @@
 """A sandbox's network namespace is handed to the host only once its `lo` is up.
 
 bwrap reports its child's pid (when corral takes the namespace) before that
-child has brought `lo` up; on Linux 6.x a bind() to 127.0.0.1 there already
+child has brought `lo` up; on Linux 6.18 a bind() to 127.0.0.1 there already
 succeeds, so nothing told corral. A host-side connect() into the sandbox
 then failed with ENETUNREACH (`corral view`'s viewer namespace, the flaky
 tests/integration/viewer/test_view_forward_charged.py). What the host
