@@ -1060,6 +1060,8 @@ class NamespaceBackend:
                 # bwrap's child-pid: its namespaces exist, the command has not run yet.
                 net = NetNs(pid)
                 nets.append(net)
+                # Handed out only once usable: the child may not have brought `lo` up yet.
+                net.await_loopback(pid)
                 network(net)
 
         try:

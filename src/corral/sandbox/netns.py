@@ -13,8 +13,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import os
+import select
 import socket
+import struct
 import threading
 import time
 
@@ -23,6 +26,9 @@ from corral.errors import SandboxStartError
 __all__ = ["NetNs", "listen_on", "socket_in"]
 
 _CLONE_NEWNET = 0x40000000
+_SIOCGIFFLAGS = 0x8913
+_IFF_UP = 0x1
+_RTMGRP_LINK = 0x1
 _libc = ctypes.CDLL(None, use_errno=True)
 # setns() changes the calling thread only; the lock keeps two threads of the
 # coordinator from interleaving their enter/leave pairs on shared state.
@@ -45,8 +51,8 @@ def listen_on(sock: socket.socket, port: int, *, wait_s: float = 5.0) -> socket.
                 sock.bind(("127.0.0.1", port))
                 break
             except OSError as exc:
-                # bwrap reports the sandbox's pid before its child has brought
-                # `lo` up, so 127.0.0.1 may not exist in the namespace yet.
+                # A namespace whose `lo` is not configured yet (see
+                # NetNs.await_loopback) may refuse the address, on some kernels.
                 if exc.errno != errno.EADDRNOTAVAIL or time.monotonic() >= deadline:
                     raise
                 time.sleep(0.005)
@@ -57,20 +63,32 @@ def listen_on(sock: socket.socket, port: int, *, wait_s: float = 5.0) -> socket.
     return sock
 
 
-def socket_in(ns_fd: int, kind: int = socket.SOCK_STREAM) -> socket.socket:
-    """An AF_INET socket of the network namespace `ns_fd` (the calling thread
-    enters it and comes back; the socket stays in it)."""
+def socket_in(
+    ns_fd: int,
+    kind: int = socket.SOCK_STREAM,
+    family: int = socket.AF_INET,
+    proto: int = 0,
+) -> socket.socket:
+    """A socket (AF_INET unless `family`) of the network namespace `ns_fd` (the
+    calling thread enters it and comes back; the socket stays in it)."""
     with _ns_lock:
         own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         try:
             _setns(ns_fd)
             try:
-                return socket.socket(socket.AF_INET, kind)
+                return socket.socket(family, kind, proto)
             finally:
                 # Back before anything else runs on this thread.
                 _setns(own)
         finally:
             os.close(own)
+
+
+def _link_up(sock: socket.socket, name: bytes) -> bool:
+    """Whether interface `name` of `sock`'s network namespace is up (any
+    socket's SIOCGIFFLAGS answers for the namespace it was made in)."""
+    ifr = fcntl.ioctl(sock.fileno(), _SIOCGIFFLAGS, struct.pack("16s24x", name))
+    return bool(struct.unpack_from("16sH", ifr)[1] & _IFF_UP)
 
 
 class NetNs:
@@ -91,6 +109,51 @@ class NetNs:
         if self._fd < 0:
             raise SandboxStartError(0, "the sandbox's network namespace was released")
         return socket_in(self._fd, kind)
+
+    def await_loopback(self, pid: int, timeout_s: float = 10.0) -> None:
+        """Return once the namespace's `lo` is up; `pid` is the process that
+        brings it up (bwrap's child). SandboxStartError if `pid` exits first
+        or `timeout_s` passes.
+
+        bwrap reports its child's pid before that child has configured `lo`
+        (RTM_NEWADDR, then RTM_NEWLINK IFF_UP). Until then a connect() to
+        127.0.0.1 fails with ENETUNREACH, yet bind() to it already succeeds
+        (Linux 6.18), so a listener made at once cannot tell. We cannot bring `lo` up
+        ourselves: the kernel then adds 127.0.0.1 and bwrap's exclusive
+        RTM_NEWADDR fails. The link group is joined before the flags are
+        read, so the change cannot fall between the read and the wait.
+        """
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError as exc:
+            raise SandboxStartError(
+                exc.errno, f"the sandbox exited before its loopback was up: {exc}"
+            ) from exc
+        try:
+            nl = socket_in(
+                self.namespace_fd(), socket.SOCK_RAW, socket.AF_NETLINK, socket.NETLINK_ROUTE
+            )
+            with nl:
+                nl.bind((0, _RTMGRP_LINK))
+                nl.setblocking(False)
+                deadline = time.monotonic() + timeout_s
+                while not _link_up(nl, b"lo"):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise SandboxStartError(
+                            errno.ETIMEDOUT,
+                            f"the sandbox's loopback was not up after {timeout_s:g}s",
+                        )
+                    ready, _, _ = select.select([nl.fileno(), pidfd], [], [], left)
+                    if pidfd in ready and not _link_up(nl, b"lo"):
+                        raise SandboxStartError(0, "the sandbox exited before its loopback was up")
+                    # Whatever arrived (a link message, or ENOBUFS after an
+                    # overflow) only means "read the flags again".
+                    with contextlib.suppress(OSError):
+                        while nl.recv(65536):
+                            pass
+        finally:
+            os.close(pidfd)
 
     def namespace_fd(self) -> int:
         """The namespace's descriptor (still ours): a process given a copy
