@@ -64,6 +64,7 @@ from corral.sandbox.namespace import (
     cache_dir,
     set_pdeathsig,
 )
+from corral.sandbox.noreserve import drop_reserve_access
 from corral.sandbox.spec import Limits, SandboxSpec
 
 if TYPE_CHECKING:
@@ -470,6 +471,8 @@ class GVisorBackend:
                 try:
                     for fd in attach_fds:
                         os.write(fd, b"0")
+                    # The gofer writes the workspace: no reserve of a run's disk.
+                    drop_reserve_access()
                     if is_root:
                         mounts.make_private_mount_ns()
                         for i, (path, writable) in enumerate(binds):
@@ -663,6 +666,7 @@ def _exec_command(
     def child_setup() -> None:
         for fd in attach_fds:
             os.write(fd, b"0")
+        drop_reserve_access()
         set_pdeathsig(signal.SIGKILL)
         if os.getppid() != me:
             os._exit(125)

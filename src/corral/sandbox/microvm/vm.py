@@ -57,6 +57,7 @@ from corral.sandbox.microvm.plan import (
     parse_report,
     shares_for,
 )
+from corral.sandbox.noreserve import drop_reserve_access
 from corral.sandbox.spec import Limits, SandboxSpec
 
 # Not `typing.TYPE_CHECKING`: importing typing costs ~5 ms on every `corral exec`.
@@ -501,6 +502,8 @@ class MicroVMBackend:
             def child_setup() -> None:
                 for fd in attach:
                     os.write(fd, b"0")
+                # QEMU writes the workspace: no reserve of a run's disk.
+                drop_reserve_access()
                 if drop:
                     os.setgroups([])
                     os.setresgid(ident.gid, ident.gid, ident.gid)
