@@ -426,7 +426,10 @@ def serve(options: ServeOptions) -> int:
         state = prepared.state(GroupCommitJournal(journal), options.identity, socks)
         if options.control is not None:
             control_sock = bind_control_socket(options.control)
-        return asyncio.run(_main(options, state, socks, control_sock))
+        from corral.broker.pauseloop import loop_factory
+
+        with asyncio.Runner(loop_factory=loop_factory(options.config.pauses)) as runner:
+            return runner.run(_main(options, state, socks, control_sock))
     except (ConfigError, UsageError) as exc:
         print(f"corral broker: {exc}", file=sys.stderr)
         return 2
