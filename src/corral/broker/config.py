@@ -582,7 +582,8 @@ class BrokerConfig(BaseModel):
 
     def to_json(self) -> str:
         """The document `serve --config` reads."""
-        return self.model_dump_json()
+        # Not part of a run: the same document as before `pauses` existed.
+        return self.model_dump_json(exclude={"pauses"} if self.pauses is None else None)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> BrokerConfig:

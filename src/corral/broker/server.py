@@ -313,6 +313,8 @@ async def _main(
                 "routes": sorted(options.config.routes),
                 "tcp": [t.id for t in options.config.tcp],
                 "host_services": {h.name: h.port for h in options.config.host_services},
+                # Its timers stop while the run is paused (`corral.broker.pauseloop`).
+                **({"pauses": options.config.pauses} if options.config.pauses else {}),
             },
         )
     )
