@@ -12,8 +12,9 @@ request fails and the connection is closed on the thaw. Without a pause
 the same timeouts still fire.
 
 Judged from the host: what the client received, the upstream's hits, the
-journal's outcome rows. The freeze is checked to have held the client
-(its requests are written to it while frozen and answered only after).
+broker's journal. Each freeze starts only once the broker's loop is back
+in epoll (its wchan), i.e. with the timer under test armed; the idle test's
+second request is written to the client while it is frozen.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from corral.broker.config import BrokerConfig, LimitsConfig, RuleConfig
+from corral.broker.journal import read_rows
 from corral.broker.process import BrokerProcess, start_broker
 from corral.errors import CorralError
 from corral.run.environments import RunLayout
@@ -274,6 +276,14 @@ def test_a_request_in_flight_across_a_pause_longer_than_the_upstream_timeout_com
     assert frozen_for > _TIMEOUT_S
     assert answer == {"status": 200, "body": "slow answer\n"}
     assert len(upstream.server.hits_for("/slow")) == 1
+    # The pausable loop stops as asyncio's own does: SIGTERM, journal flushed.
+    run = started[0]
+    assert run.broker.stop() == 0
+    starts = read_rows(run.layout.journal, kind="process_event")
+    assert [r.detail.get("pauses") for r in starts if r.target.startswith("broker_start")] == [
+        str(run.layout.pauses)
+    ]
+    assert any(r.target.startswith("broker_stop") for r in starts)
 
 
 def test_control_without_the_pauses_the_request_fails_on_the_thaw(
