@@ -77,7 +77,7 @@ class _Fs:
 
 
 def _file(fs: _Fs) -> PauseFile:
-    return PauseFile(Path("/run/x/tools/pauses.json"), recheck_s=0.05, stat=fs.stat, read=fs.read)
+    return PauseFile(Path("/run/x/tools/pauses.json"), recheck_s=0.05, look=fs.stat, read=fs.read)
 
 
 def test_no_file_no_pause() -> None:
@@ -166,6 +166,20 @@ def test_an_asyncio_timeout_still_fires_on_the_pausable_loop(tmp_path: Path) -> 
     with asyncio.Runner(loop_factory=loop_factory(str(tmp_path / "pauses.json"))) as runner:
         assert isinstance(runner.get_loop(), PausableEventLoop)
         assert runner.run(main())
+
+
+def test_a_fifo_or_symlink_in_place_of_the_file_is_not_waited_on(tmp_path: Path) -> None:
+    good = tmp_path / "good.json"
+    good.write_text(pauses_json([(10.0, 20.0)]))
+    fifo = tmp_path / "pauses.json"
+    os.mkfifo(fifo)
+    pauses = PauseFile(fifo, recheck_s=0.0)
+    assert pauses.paused_s(0.0, 30.0) == 0.0  # returned: nobody ever writes the FIFO
+    fifo.unlink()
+    fifo.symlink_to(good)
+    assert pauses.paused_s(0.0, 30.0) == 0.0
+    os.replace(good, fifo)
+    assert pauses.paused_s(0.0, 30.0) == 10.0
 
 
 def test_no_pauses_file_no_pausable_loop() -> None:

@@ -38,6 +38,7 @@ import asyncio
 import json
 import math
 import os
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -102,8 +103,14 @@ def parse_pauses(data: bytes) -> tuple[Interval, ...]:
 
 
 def _read_bounded(path: Path) -> bytes:
-    with path.open("rb") as fh:
-        return fh.read(MAX_PAUSES_BYTES + 1)
+    # Non-blocking and regular files only: the loop must never wait on a FIFO.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        return os.read(fd, MAX_PAUSES_BYTES + 1)
+    finally:
+        os.close(fd)
 
 
 def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
@@ -113,7 +120,7 @@ def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
 class PauseFile:
     """`paused_s(since, now)` of the pauses published at `path` (a `PausedSeconds`).
 
-    `stat` and `read` are the file system (injected by tests); `recheck_s`
+    `look` (a stat) and `read` are the file system (injected by tests); `recheck_s`
     is the least real time between two looks at the file.
     """
 
@@ -135,12 +142,12 @@ class PauseFile:
         path: Path,
         *,
         recheck_s: float = RECHECK_S,
-        stat: Callable[[Path], os.stat_result] = os.stat,
+        look: Callable[[Path], os.stat_result] = os.stat,
         read: Callable[[Path], bytes] = _read_bounded,
     ) -> None:
         self._path = path
         self._recheck_s = recheck_s
-        self._stat = stat
+        self._stat = look
         self._read = read
         self._looked: float | None = None
         self._seen: tuple[int, int, int, int] | None = None
