@@ -503,6 +503,10 @@ class BrokerConfig(BaseModel):
     limits: LimitsConfig = LimitsConfig()
     hooks: tuple[str, ...] = Field(default=(), description="'module:function' policy hooks")
     journal_synchronous: Literal["normal", "full"] = "normal"
+    pauses: str | None = Field(default=None, pattern="^/")
+    """The run's published pauses (`tools/pauses.json`): the broker's timers stop
+    while the run is paused (`corral.broker.pauseloop`). None: not part of a run.
+    The resident broker serves many sandboxes on one clock and ignores it."""
 
     @field_validator("routes")
     @classmethod
@@ -578,7 +582,8 @@ class BrokerConfig(BaseModel):
 
     def to_json(self) -> str:
         """The document `serve --config` reads."""
-        return self.model_dump_json()
+        # Not part of a run: the same document as before `pauses` existed.
+        return self.model_dump_json(exclude={"pauses"} if self.pauses is None else None)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> BrokerConfig:

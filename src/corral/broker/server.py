@@ -313,6 +313,8 @@ async def _main(
                 "routes": sorted(options.config.routes),
                 "tcp": [t.id for t in options.config.tcp],
                 "host_services": {h.name: h.port for h in options.config.host_services},
+                # Its timers stop while the run is paused (`corral.broker.pauseloop`).
+                **({"pauses": options.config.pauses} if options.config.pauses else {}),
             },
         )
     )
@@ -426,7 +428,10 @@ def serve(options: ServeOptions) -> int:
         state = prepared.state(GroupCommitJournal(journal), options.identity, socks)
         if options.control is not None:
             control_sock = bind_control_socket(options.control)
-        return asyncio.run(_main(options, state, socks, control_sock))
+        from corral.broker.pauseloop import loop_factory
+
+        with asyncio.Runner(loop_factory=loop_factory(options.config.pauses)) as runner:
+            return runner.run(_main(options, state, socks, control_sock))
     except (ConfigError, UsageError) as exc:
         print(f"corral broker: {exc}", file=sys.stderr)
         return 2

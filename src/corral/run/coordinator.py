@@ -760,7 +760,10 @@ class Coordinator:
         plan = SessionPlan(
             agent=self._agent,
             request=request,
-            broker=agent_broker_config(self.mission, self.provider_ref, self._provider_url, budget),
+            # The broker is frozen with the run: its timers read the pauses too.
+            broker=agent_broker_config(
+                self.mission, self.provider_ref, self._provider_url, budget
+            ).model_copy(update={"pauses": str(self.layout.pauses.absolute())}),
             make_spec=make_spec,
             identity=Identity(run=self.run_id, session=str(n), env="agent"),
             journal_path=self.layout.journal,
