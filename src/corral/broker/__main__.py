@@ -40,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     resident.add_argument("--socket", required=True, type=Path, metavar="PATH")
     resident.add_argument("--idle-s", type=float, default=30.0, metavar="S")
     resident.add_argument("--ready-fd", type=int, default=None, metavar="M")
+    resident.add_argument("--pauses", default=None, metavar="PATH")
     return parser
 
 
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "resident":
         from corral.broker.resident_server import ResidentOptions, serve_resident
 
-        return serve_resident(ResidentOptions(args.socket, args.idle_s, args.ready_fd))
+        return serve_resident(ResidentOptions(args.socket, args.idle_s, args.ready_fd, args.pauses))
     from corral.broker.actions import Identity
     from corral.broker.config import BrokerConfig
     from corral.broker.server import ServeOptions, serve

@@ -157,6 +157,10 @@ class PauseFile:
         self._closed = 0.0
         self._last_end = -math.inf
 
+    @property
+    def path(self) -> Path:
+        return self._path
+
     def _look(self, now: float) -> None:
         if self._looked is not None and now - self._looked < self._recheck_s:
             return
@@ -200,6 +204,7 @@ class PausableEventLoop(asyncio.SelectorEventLoop):
 
     def __init__(self, pauses: PauseFile, now: Clock = time.monotonic) -> None:
         self._clock = PausableClock(pauses.paused_s, now)
+        self.pauses_path = str(pauses.path)
         super().__init__()
 
     def time(self) -> float:

@@ -89,12 +89,18 @@ def _connect(path: Path) -> socket.socket | None:
     return sock
 
 
-def _spawn(path: Path, idle_s: float, timeout_s: float) -> None:
-    """Start a resident broker detached from the caller and wait until it listens."""
+def _spawn(path: Path, idle_s: float, timeout_s: float, pauses: str | None = None) -> None:
+    """Start a resident broker detached from the caller and wait until it listens.
+
+    `pauses`: a run's pauses file, for a resident of that run (frozen with it):
+    its timers then stop while the run is paused, as a session broker's do.
+    """
     log = path.parent / "resident.log"
     ready_r, ready_w = os.pipe()
     argv = [sys.executable, "-I", "-c", _BOOT, _SOURCE_ROOT, "resident", "--socket", str(path)]
     argv += ["--idle-s", f"{idle_s:g}", "--ready-fd", str(ready_w)]
+    if pauses is not None:
+        argv += ["--pauses", pauses]
     try:
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         try:
@@ -141,6 +147,18 @@ def _spawn(path: Path, idle_s: float, timeout_s: float) -> None:
     # The process lives on as the caller's child until the caller exits; mark
     # the Popen as done so that its finalizer neither waits nor warns.
     popen.returncode = 0
+
+
+def _run_pauses(config_json: str, socket_path: Path | None) -> str | None:
+    """The pauses file named in the config, for a run's own resident only (the
+    per-user one serves sandboxes of many runs, and none of them freezes it)."""
+    if socket_path is None:
+        return None
+    try:
+        pauses = json.loads(config_json).get("pauses")
+    except (ValueError, AttributeError):
+        return None
+    return pauses if isinstance(pauses, str) and pauses.startswith("/") else None
 
 
 class Attachment:
@@ -262,7 +280,7 @@ def attach_resident(
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 conn = _connect(path)
                 if conn is None:
-                    _spawn(path, idle_s, timeout_s)
+                    _spawn(path, idle_s, timeout_s, _run_pauses(config_json, socket_path))
                     conn = _connect(path)
             finally:
                 os.close(lock)

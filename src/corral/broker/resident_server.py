@@ -48,6 +48,7 @@ from corral.broker.actions import Identity, Observation, ProcessEvent
 from corral.broker.config import BrokerConfig
 from corral.broker.control import ControlServer, bind_control_socket
 from corral.broker.journal import GroupCommitJournal, Journal
+from corral.broker.pauseloop import PausableEventLoop
 from corral.broker.policy import Policy
 from corral.broker.privdir import peer_uid
 from corral.broker.proxy import BrokerState, ProxyServer
@@ -68,6 +69,8 @@ class ResidentOptions:
     socket: Path
     idle_s: float = 30.0
     ready_fd: int | None = None
+    pauses: str | None = None
+    """A run's pauses file: the resident of that run keeps its timers on the run's clock."""
 
 
 def _wake(fut: asyncio.Future[None]) -> None:
@@ -229,6 +232,8 @@ class _Attachment:
                     "tcp": [t.id for t in config.tcp],
                     "host_services": {h.name: h.port for h in config.host_services},
                     "resident": True,
+                    # A run's resident runs on the run's clock (`pauseloop`).
+                    **({"pauses": loop.pauses_path} if isinstance(loop, PausableEventLoop) else {}),
                 },
             )
         )
@@ -373,7 +378,10 @@ def serve_resident(options: ResidentOptions) -> int:
     try:
         # The socket file is removed by main() before it stops accepting; a
         # file left by a crash is replaced by the next bind (nothing answers it).
-        asyncio.run(_Resident(options).main(lsock))
+        from corral.broker.pauseloop import loop_factory
+
+        with asyncio.Runner(loop_factory=loop_factory(options.pauses)) as runner:
+            runner.run(_Resident(options).main(lsock))
     finally:
         lsock.close()
     return 0
