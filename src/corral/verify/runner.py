@@ -852,8 +852,10 @@ class _Suite:
             return Skipped(
                 p, "not-tested", "`corral run` drives namespace and gvisor sandboxes only"
             )
-        if p.viewer and self.backend.name not in ("namespace", "none"):
-            return Skipped(p, "not-tested", "`corral view` drives namespace sandboxes only")
+        if p.viewer and self.backend.name not in ("namespace", "gvisor", "none"):
+            return Skipped(
+                p, "not-tested", "`corral view` drives namespace and gvisor products only"
+            )
         for key in sorted(set(p.uses) | used_keys(p)):
             if key in self.cs.absent:
                 return Skipped(p, "not-applicable", self.cs.absent[key])
@@ -1123,7 +1125,8 @@ class _Suite:
 
         started = time.monotonic()
         try:
-            facts = drive(direct=self.backend.kind == "baseline")
+            baseline = self.backend.kind == "baseline"
+            facts = drive(baseline, "namespace" if baseline else self.backend.name)
         except Exception as exc:  # the probe could not run: an error, never "denied"
             facts, err = {}, f"the viewer drive failed: {exc!r}"[:300]
         else:

@@ -132,7 +132,9 @@ def _direct(root: Path, env: dict[str, str]) -> Iterator[tuple[str, Callable[[],
 
 
 @contextlib.contextmanager
-def _viewed(root: Path, env: dict[str, str]) -> Iterator[tuple[str, Callable[[], bytes]]]:
+def _viewed(
+    root: Path, env: dict[str, str], product_backend: str = "namespace"
+) -> Iterator[tuple[str, Callable[[], bytes]]]:
     from corral.run.environments import base_env, redirect_argv
     from corral.sandbox.backend import backend_config, load_backend
     from corral.sandbox.spec import Bind, Limits, NetworkSpec, SandboxSpec
@@ -155,9 +157,14 @@ def _viewed(root: Path, env: dict[str, str]) -> Iterator[tuple[str, Callable[[],
         env_kind="product",
         hostname="product",
     )
-    be = load_backend(backend_config("namespace"))
+    # The viewer's browser is corral's own namespace sandbox; the product runs
+    # on the backend under test.
+    viewer_be = load_backend(backend_config("namespace"))
+    product_be = load_backend(backend_config(product_backend))
     plan = ViewPlan(spec, 8000, "/", 15.0, root / "viewer")
-    stack = ViewStack(plan, product_backend=be, viewer_backend=be, on_forward=lambda _t: None)
+    stack = ViewStack(
+        plan, product_backend=product_be, viewer_backend=viewer_be, on_forward=lambda _t: None
+    )
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
     urls: list[str] = []
@@ -260,8 +267,9 @@ def _near(rgb: list[int]) -> bool:
 
 
 @functools.cache
-def drive(direct: bool) -> dict[str, Any]:
-    """Run the attack once per mode (cached: every M11 probe judges the same run)."""
+def drive(direct: bool, product_backend: str = "namespace") -> dict[str, Any]:
+    """Run the attack once per mode and product backend (cached: every M11
+    probe judges the same run)."""
     from playwright.sync_api import sync_playwright
 
     canary = _Canary()
@@ -270,9 +278,10 @@ def drive(direct: bool) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="corral-verify-viewer-"))
     (root / "server.py").write_text(_PRODUCT, encoding="utf-8")
     env = {"CANARY_PORT": str(canary.port), "PRODUCT_SECRET": secret, "PATH": os.defpath}
-    opener = _direct if direct else _viewed
+    opener = _direct
     try:
-        with opener(root, env) as (url, report), sync_playwright() as pw:
+        viewed = opener(root, env) if direct else _viewed(root, env, product_backend)
+        with viewed as (url, report), sync_playwright() as pw:
             origin = url.split("/viewer", 1)[0].rstrip("/")
             browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
             ctx = browser.new_context(viewport={"width": 1800, "height": 1000})
