@@ -288,3 +288,19 @@ def test_init_script_pids_limit_is_the_command_uids_nproc() -> None:
     assert script.index("ulimit -u 17") < script.index("/usr/bin/setpriv")
     nolimit = SandboxSpec(argv=("true",), workspace="/w", env=())
     assert "ulimit -u" not in init_script(nolimit, shares_for(nolimit), uid=5, gid=5)
+
+
+def test_trust_bundle_travels_in_the_run_archive_root_owned_read_only() -> None:
+    from corral.sandbox.microvm.cpio import archive
+    from corral.sandbox.microvm.plan import MAX_TRUST_BUNDLE, trust_entries
+
+    entries = trust_entries(b"PEM")
+    assert [(e.name, oct(e.mode)) for e in entries] == [
+        ("etc/ssl", "0o40755"),
+        ("etc/ssl/certs", "0o40755"),
+        ("etc/ssl/certs/ca-certificates.crt", "0o100644"),
+    ]
+    assert entries[-1].data == b"PEM"
+    assert b"etc/ssl/certs/ca-certificates.crt\0" in archive(entries)
+    with pytest.raises(ValueError):
+        trust_entries(b"x" * (MAX_TRUST_BUNDLE + 1))

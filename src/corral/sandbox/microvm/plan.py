@@ -19,21 +19,25 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from corral.sandbox.microvm.cpio import Entry
 from corral.sandbox.spec import SandboxSpec
 
 __all__ = [
     "GUEST_MODULES",
+    "MAX_TRUST_BUNDLE",
     "PORT_ERR",
     "PORT_NET",
     "PORT_OUT",
     "PORT_STATUS",
     "START",
+    "TRUST_BUNDLE",
     "Share",
     "VMPlan",
     "build_argv",
     "init_script",
     "kernel_cmdline",
     "parse_report",
+    "trust_entries",
 ]
 
 PORT_STATUS = 1
@@ -57,6 +61,10 @@ GUEST_MODULES: tuple[str, ...] = (
 )
 
 BUSYBOX = "/corral/busybox"
+#: Where `NetworkSpec.trust_bundle` is shown (as `namespace.SYSTEM_TRUST_BUNDLE`).
+TRUST_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+#: The largest trust bundle copied into the initramfs (Debian's is ~220 KiB).
+MAX_TRUST_BUNDLE = 8 << 20
 #: The init's first line on port 1, just before it runs the command.
 START = b"start\n"
 
@@ -180,6 +188,23 @@ def shares_for(spec: SandboxSpec) -> tuple[Share, ...]:
     for i, b in enumerate(spec.binds):
         shares.append(Share(f"b{i}", b.path, b.path, b.writable))
     return tuple(shares)
+
+
+def trust_entries(bundle: bytes) -> tuple[Entry, ...]:
+    """The per-run initramfs members that show `bundle` at `TRUST_BUNDLE`.
+
+    The guest's /etc is the initramfs's, not the host's, so the bundle (host
+    store + the run's interception CA, broker.tls_setup) travels in the
+    archive: root-owned 0644 under root-owned directories, so the command
+    (never guest root) cannot replace it.
+    """
+    if len(bundle) > MAX_TRUST_BUNDLE:
+        raise ValueError(f"the trust bundle is larger than {MAX_TRUST_BUNDLE} bytes")
+    return (
+        Entry.dir("etc/ssl"),
+        Entry.dir("etc/ssl/certs"),
+        Entry.file(TRUST_BUNDLE.lstrip("/"), bundle, 0o644),
+    )
 
 
 def _q(value: str) -> str:

@@ -49,6 +49,7 @@ from corral.sandbox.microvm import assets as _assets
 from corral.sandbox.microvm.cpio import Entry, archive
 from corral.sandbox.microvm.net import VMNet
 from corral.sandbox.microvm.plan import (
+    MAX_TRUST_BUNDLE,
     RELAY,
     START,
     VMPlan,
@@ -56,6 +57,7 @@ from corral.sandbox.microvm.plan import (
     init_script,
     parse_report,
     shares_for,
+    trust_entries,
 )
 from corral.sandbox.noreserve import drop_reserve_access
 from corral.sandbox.spec import Limits, SandboxSpec
@@ -164,6 +166,15 @@ def _read(path: str) -> str:
             return fh.read()
     except OSError:
         return ""
+
+
+def _trust_entries(path: str) -> tuple[Entry, ...]:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_TRUST_BUNDLE + 1)
+        return trust_entries(data)
+    except (OSError, ValueError) as exc:
+        raise SandboxStartError(0, f"cannot give the guest the trust bundle: {exc}") from exc
 
 
 def _which(name: str) -> str | None:
@@ -443,6 +454,8 @@ class MicroVMBackend:
 
             with open(payload_path("vm_relay.py"), "rb") as fh:
                 run_entries.append(Entry.file(RELAY.lstrip("/"), fh.read(), 0o644))
+        if spec.network.trust_bundle is not None:
+            run_entries += _trust_entries(spec.network.trust_bundle)
         run_cpio = archive(run_entries, first_ino=1 << 20)
         opened: list[int] = []
         cgroup: Cgroup | None = None
