@@ -128,6 +128,10 @@ class Backend(ABC):
 
     #: A probe's deadline is multiplied by this (a VM under TCG boots for seconds).
     deadline_scale: float = 1.0
+    #: How much slower the sandbox's code runs than the host's: a probe's
+    #: wall-clock limit and the waits it measures against it (`P["slow"]`) are
+    #: both multiplied by this, so their ratio (what the judge relies on) holds.
+    time_scale: float = 1.0
 
     def needs_settings(self) -> bool:
         return False
@@ -157,7 +161,11 @@ class CorralBackend(Backend):
     def __init__(self, name: str) -> None:
         self.name = name
         if name == "microvm":
-            self.deadline_scale = 4.0
+            # Without KVM the guest is emulated (TCG): Python in the guest takes
+            # ~2 s to start on an idle host, and 4x was measured too little at
+            # load 10-20 on 2 cores (probes killed before their first line).
+            self.deadline_scale = 12.0
+            self.time_scale = 12.0
             self.guest_kernel = "the VM's own Linux kernel (QEMU microvm guest)"
         if name == "gvisor":
             self.guest_kernel = "gVisor's user-space kernel (the sentry)"
@@ -191,7 +199,7 @@ class CorralBackend(Backend):
         if lim.cpus is not None:
             out += ["--cpus", str(lim.cpus)]
         if lim.timeout_s is not None:
-            out += ["--timeout", str(lim.timeout_s)]
+            out += ["--timeout", str(lim.timeout_s * self.time_scale)]
         for a in run.allow:
             out += ["--allow", a]
         if run.journal is not None:
