@@ -24,8 +24,10 @@ import shutil
 import subprocess
 import sys
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Literal
 
 from corral.verify.model import Fault, ProbeLimits
@@ -128,6 +130,9 @@ class Backend(ABC):
 
     #: A probe's deadline is multiplied by this (a VM under TCG boots for seconds).
     deadline_scale: float = 1.0
+    #: The VMM's memory overhead (MiB) by accelerator that the backend adds to a
+    #: VM's host cap on top of guest memory (`oracles.host_memory_bound`).
+    vmm_overhead_mib: Mapping[str, int] = MappingProxyType({})
     #: How much slower the sandbox's code runs than the host's: a probe's
     #: wall-clock limit and the waits it measures against it (`P["slow"]`) are
     #: both multiplied by this, so their ratio (what the judge relies on) holds.
@@ -166,6 +171,9 @@ class CorralBackend(Backend):
             # load 10-20 on 2 cores (probes killed before their first line).
             self.deadline_scale = 12.0
             self.time_scale = 12.0
+            from corral.sandbox.microvm.vm import VMM_OVERHEAD_MIB
+
+            self.vmm_overhead_mib = MappingProxyType(dict(VMM_OVERHEAD_MIB))
             self.guest_kernel = "the VM's own Linux kernel (QEMU microvm guest)"
         if name == "gvisor":
             self.guest_kernel = "gVisor's user-space kernel (the sentry)"

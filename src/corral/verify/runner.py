@@ -1114,6 +1114,7 @@ class _Suite:
             journal=read_journal(journal) if journal else None,
             secrets=secrets_map,
             ctx=ctx,
+            vmm_overhead_mib=self.backend.vmm_overhead_mib,
         )
         self._cleanup(p, ctx, marker, snaps)
         return self._judge(p, ev, wall)
