@@ -253,7 +253,7 @@ class CorralBackend(Backend):
                 "runs the sandbox is QEMU (its uid, seccomp filter and cgroup: "
                 "tests/integration/sandbox/test_microvm.py)"
             )
-        return dict.fromkeys(
+        na = dict.fromkeys(
             (
                 "priv-host-uid-root",
                 "priv-capabilities",
@@ -262,6 +262,27 @@ class CorralBackend(Backend):
             ),
             why,
         )
+        if self.name == "microvm":
+            na.update(_MICROVM_NA_PROBES)
+        return na
+
+
+#: Probes that judge from the probe's host processes, which a VM has none of.
+_MICROVM_NA_PROBES = {
+    "cross-shared-uid": (
+        "the guest's syscalls are served by its own kernel: its inotify instances, pipe "
+        "pages, keyrings and process counts are per-guest, not the host uid's; the only host "
+        "process of a VM is its QEMU (workspace owner's uid, own cgroup capped at VMM_PIDS "
+        "tasks), so two VMs of one owner share that uid but guest code reaches no per-uid host "
+        "quota through it, and the host has no process of the probe to inspect"
+    ),
+    "use-pids": (
+        "the probe's processes live in the guest kernel, which the host cannot list; the "
+        "guest's pids limit (its pids controller, forks refused counted in the exit report) is "
+        "tested by tests/integration/sandbox/test_microvm.py::"
+        "test_boot_exit_output_workspace_and_isolation"
+    ),
+}
 
 
 class NoneBackend(Backend):

@@ -58,3 +58,11 @@ def test_only_the_microvm_backend_declares_a_vmm_overhead() -> None:
     assert dict(CorralBackend("microvm").vmm_overhead_mib) == VMM_OVERHEAD_MIB
     for name in ("namespace", "gvisor", "bwrap-basic"):
         assert not CorralBackend(name).vmm_overhead_mib
+
+
+def test_microvm_declares_host_process_probes_not_applicable_with_a_reason() -> None:
+    from corral.verify.backends import CorralBackend
+
+    na = CorralBackend("microvm").not_applicable_probes()
+    assert "guest kernel" in na["use-pids"] and "QEMU" in na["cross-shared-uid"]
+    assert "use-pids" not in CorralBackend("namespace").not_applicable_probes()
