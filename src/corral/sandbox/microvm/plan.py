@@ -288,7 +288,8 @@ def init_script(
         f"echo start >/dev/vport0p{PORT_STATUS}",
         # The subshell joins the command's cgroup (writing 0 moves the writer)
         # and becomes the command: init itself stays out of its pids count.
-        '( [ "$cg" = / ] || echo 0 >"/sys/fs/cgroup$cg/cgroup.procs" || exit 125;'
+        '( [ "$cg" = / ] || echo 0 >"/sys/fs/cgroup$cg/cgroup.procs"'
+        " || fail 'cannot join the pids cgroup';"
         " exec /usr/bin/setpriv"
         f" --reuid={uid} --regid={gid} --clear-groups"
         " --inh-caps=-all --bounding-set=-all --no-new-privs --"
@@ -306,6 +307,10 @@ def init_script(
         "hits=0",
         '[ "$cg" = / ] || while read -r k v; do [ "$k" = max ] && hits=$v; done'
         " </sys/fs/cgroup/cmd/pids.events",
+        # A fork loop can be refused millions of times: the report's counts
+        # are bounded, so a longer one is clamped (never a rejected report).
+        f"[ ${{#ooms}} -gt {MAX_LEFT_DIGITS} ] && ooms={'9' * MAX_LEFT_DIGITS}",
+        f"[ ${{#hits}} -gt {MAX_LEFT_DIGITS} ] && hits={'9' * MAX_LEFT_DIGITS}",
         *_count_left_lines(),
         # Whatever the command left behind dies with the guest.
         f'echo "$kind $rc $left $ooms $hits" >/dev/vport0p{PORT_STATUS}',
