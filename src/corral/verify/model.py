@@ -429,6 +429,9 @@ class Evidence:
     journal: tuple[Mapping[str, Any], ...] | None = None
     secrets: Mapping[str, str] = field(default_factory=dict)
     ctx: Mapping[str, Any] = field(default_factory=dict)
+    #: The backend's declared VMM overhead (MiB) by accelerator; empty: none
+    #: (the sandbox's whole host footprint counts against its memory limit).
+    vmm_overhead_mib: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def result(self) -> Mapping[str, Any]:

@@ -333,18 +333,37 @@ def peak_memory(ev: Evidence) -> int:
     return max(ev.peak_rss, ev.cgroup_peak or 0, reported)
 
 
+def host_memory_bound(ev: Evidence, limit: int) -> tuple[int, str]:
+    """(bytes, label): what the sandbox's host peak may reach under a `limit` for the task.
+
+    `limit` itself, except for a VM whose backend declares a VMM overhead: its
+    host cap is guest memory + that overhead, and counts only when the report's
+    cap is exactly `limit` + the overhead for its accelerator, which also
+    says the guest itself was given no more than `limit`.
+    """
+    layers = (ev.backend_report or {}).get("layers")
+    if ev.vmm_overhead_mib and isinstance(layers, Mapping):
+        over = ev.vmm_overhead_mib.get(str(layers.get("accel")))
+        cap = layers.get("memory_cap_bytes")
+        if over is not None and type(cap) is int and cap == limit + (over << 20):
+            return cap, f"VM cap {cap >> 20} MiB (guest {limit >> 20} + VMM overhead {over})"
+    return limit, f"limit {limit / 2**20:.0f} MiB"
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryAbove:
-    """Allowed when the task's measured peak memory exceeds the limit by 20%."""
+    """Allowed when the task's measured peak memory exceeds its bound by 20%
+    (`host_memory_bound`: the limit, or a VM's declared guest + VMM cap)."""
 
     limit_bytes: int
 
     def judge(self, ev: Evidence) -> Judgement:
         peak = peak_memory(ev)
         mib = peak / 2**20
-        if peak > self.limit_bytes * 1.2:
-            return _allowed(f"peak memory {mib:.0f} MiB > limit {self.limit_bytes / 2**20:.0f} MiB")
-        return _denied(f"peak memory {mib:.0f} MiB within limit {self.limit_bytes / 2**20:.0f} MiB")
+        bound, label = host_memory_bound(ev, self.limit_bytes)
+        if peak > bound * 1.2:
+            return _allowed(f"peak memory {mib:.0f} MiB > {label}")
+        return _denied(f"peak memory {mib:.0f} MiB within {label}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -923,6 +923,7 @@ class _Suite:
             "ws": ws,
             "ws_parent": f"{self.cs.root}/ws",
             "guest_kernel": self.backend.guest_kernel or "",
+            "slow": self.backend.time_scale,
         }
         workspace = _fill(p.workspace, ctx) if p.workspace else ws
         ctx["workspace"] = workspace
@@ -1115,6 +1116,7 @@ class _Suite:
             journal=read_journal(journal) if journal else None,
             secrets=secrets_map,
             ctx=ctx,
+            vmm_overhead_mib=self.backend.vmm_overhead_mib,
         )
         self._cleanup(p, ctx, marker, snaps)
         return self._judge(p, ev, wall)
@@ -1421,7 +1423,9 @@ class _Suite:
             if not started:
                 reason += " (the backend refused to start the command)"
         if ev.harness_timeout:
-            reason += f" [killed by the suite after {p.deadline_s:.0f} s]"
+            reason += (
+                f" [killed by the suite after {p.deadline_s * self.backend.deadline_scale:.0f} s]"
+            )
         v = verdict(p.expected, observed, baseline=baseline, exempt=p.baseline is not None)
         if v == "broken-probe" and p.baseline:
             reason += f" (note: {p.baseline})"

@@ -18,6 +18,7 @@ from corral.sandbox.microvm.plan import (
     parse_report,
     shares_for,
 )
+from corral.sandbox.microvm.plan import GuestReport as R
 from corral.sandbox.microvm.vm import decide_vm_exit, kvm_status, tsc_khz
 from corral.sandbox.spec import Bind, Limits, SandboxSpec
 
@@ -99,16 +100,16 @@ def test_shares_usr_readonly_workspace_writable_binds_as_given() -> None:
 def test_init_script_runs_command_unprivileged_with_exact_env() -> None:
     script = init_script(SPEC, shares_for(SPEC), uid=1000, gid=1001)
     assert script.startswith("#!/corral/busybox sh\n")
-    run = next(line for line in script.splitlines() if line.startswith("/usr/bin/setpriv"))
+    run = next(line for line in script.splitlines() if "exec /usr/bin/setpriv" in line)
     assert "--reuid=1000 --regid=1001 --clear-groups" in run
     assert "--bounding-set=-all --no-new-privs" in run
     # The environment is exactly the spec's, shell-quoted.
     assert "/usr/bin/env -i -- PATH=/usr/bin:/bin 'X=a b'\"'\"'c' /bin/sh -c" in run
-    assert run.endswith("</dev/null >/dev/vport0p2 2>/dev/vport0p3")
+    assert run.endswith("</dev/null >/dev/vport0p2 2>/dev/vport0p3 )")
     # The report port is root-only; the command's ports are the command's.
     assert "$B chmod 0600 /dev/vport0p1" in script
     assert "$B chown 1000:1001 /dev/vport0p2 /dev/vport0p3" in script
-    assert 'echo "$kind $rc $left" >/dev/vport0p1' in script
+    assert 'echo "$kind $rc $left $ooms $hits" >/dev/vport0p1' in script
     # Without a SandboxNet there is no relay and no port 4.
     assert "relay.py" not in script and "vport0p4" not in script
     assert script.index("echo start >/dev/vport0p1") < script.index("/usr/bin/setpriv")
@@ -135,7 +136,7 @@ def test_init_script_starts_the_relay_as_root_before_the_command() -> None:
     assert script.index("$B chmod 0600 /dev/vport0p4") < relay
     assert relay < script.index("read -r go </run/corral-go") < script.index("/usr/bin/setpriv")
     # The relay and its subshell are not the command's leftovers.
-    count = script[script.index("left=0") : script.index('echo "$kind $rc $left"')]
+    count = script[script.index("left=0") : script.index('echo "$kind $rc $left $ooms $hits"')]
     assert '"$p" = "$relay"' in count and '"$pp" = "$relay"' in count
 
 
@@ -195,34 +196,38 @@ def test_module_depends() -> None:
 @pytest.mark.parametrize(
     ("data", "want"),
     [
-        (b"exit 0 0\n", ("exit", 0, "", 0)),
-        (b"exit 137 2\n", ("exit", 137, "", 2)),
-        (b"oom 137 0\n", ("oom", 137, "", 0)),
-        (b"start\nexit 3 1\n", ("exit", 3, "", 1)),
-        (b"exit 0 999999\n", ("exit", 0, "", 999999)),
+        (b"exit 0 0 0 0\n", R("exit", 0)),
+        (b"exit 137 2 0 0\n", R("exit", 137, left=2)),
+        (b"oom 137 0 1 0\n", R("oom", 137, oom_kills=1)),
+        (b"start\nexit 3 1 0 4\n", R("exit", 3, left=1, pids_limit_hits=4)),
+        (b"exit 0 999999 999999 999999\n", R("exit", 0, "", 999999, 999999, 999999)),
         (b"start\n", None),
-        (b"start\nstart\nexit 3 0\n", None),
-        (b"oom 0 0\n", None),
-        (b"error 125 cannot mount ws\n", ("error", 125, "cannot mount ws", 0)),
+        (b"start\nstart\nexit 3 0 0 0\n", None),
+        (b"oom 0 0 0 0\n", None),
+        (b"error 125 cannot mount ws\n", R("error", 125, "cannot mount ws")),
         # A terminal escape from the guest never reaches a message intact.
-        (b"error 125 \x1b[2J\n", ("error", 125, "?[2J", 0)),
-        (b"exit 0 0\nexit 1 0\n", None),
-        (b"exit 0 0", None),
-        (b"exit 256 0\n", None),
-        (b"exit 0 0 extra\n", None),
-        (b"exit -1 0\n", None),
+        (b"error 125 \x1b[2J\n", R("error", 125, "?[2J")),
+        (b"exit 0 0 0 0\nexit 1 0 0 0\n", None),
+        (b"exit 0 0 0 0", None),
+        (b"exit 256 0 0 0\n", None),
+        (b"exit 0 0 0 0 extra\n", None),
+        (b"exit -1 0 0 0\n", None),
         (b"", None),
-        (b"exit 0 0\n" + b" " * 5000, None),
-        # The leftover count is the guest's word: digits, bounded, nothing else.
+        (b"exit 0 0 0 0\n" + b" " * 5000, None),
+        # The counts are the guest's word: exactly three, digits, bounded, nothing else.
         (b"exit 0\n", None),
-        (b"exit 0 -1\n", None),
-        (b"exit 0 1000000\n", None),
-        (b"exit 0 1e9\n", None),
-        (b"exit 0 \xd9\xa3\n", None),
-        (b"exit 0 0x10\n", None),
+        (b"exit 0 0\n", None),
+        (b"exit 0 0 0\n", None),
+        (b"exit 0 0  0 0\n", None),
+        (b"exit 0 -1 0 0\n", None),
+        (b"exit 0 1000000 0 0\n", None),
+        (b"exit 0 0 1000000 0\n", None),
+        (b"exit 0 0 0 1e9\n", None),
+        (b"exit 0 \xd9\xa3 0 0\n", None),
+        (b"exit 0 0 0x10 0\n", None),
     ],
 )
-def test_parse_report_strict(data: bytes, want: tuple[str, int, str, int] | None) -> None:
+def test_parse_report_strict(data: bytes, want: R | None) -> None:
     assert parse_report(data) == want
 
 
@@ -281,10 +286,47 @@ def test_init_script_binds_protected_paths_read_only_after_the_shares() -> None:
     assert script.index(" ws /w ") < at < script.index("/usr/bin/setpriv")
 
 
-def test_init_script_pids_limit_is_the_command_uids_nproc() -> None:
+def test_init_script_pids_limit_is_the_guest_cgroup_of_the_command_alone() -> None:
     spec = SandboxSpec(argv=("true",), workspace="/w", env=(), limits=Limits(pids=17))
     script = init_script(spec, shares_for(spec), uid=5, gid=5)
-    assert "ulimit -u 17 || fail 'cannot set the pids limit'" in script
-    assert script.index("ulimit -u 17") < script.index("/usr/bin/setpriv")
+    assert "echo 17 >/sys/fs/cgroup/cmd/pids.max || fail 'cannot set the pids limit'" in script
+    assert script.index("pids.max") < script.index("/usr/bin/setpriv")
+    # The command's subshell joins the cgroup (init does not) and then execs the command.
+    run = next(line for line in script.splitlines() if "/usr/bin/setpriv" in line)
+    assert run.startswith(
+        '( [ "$cg" = / ] || echo 0 >"/sys/fs/cgroup$cg/cgroup.procs"'
+        " || fail 'cannot join the pids cgroup';"
+    )
+    assert "[ ${#hits} -gt 6 ] && hits=999999" in script
+    assert " exec /usr/bin/setpriv " in run and run.endswith(" )")
+    assert "</sys/fs/cgroup/cmd/pids.events" in script
     nolimit = SandboxSpec(argv=("true",), workspace="/w", env=())
-    assert "ulimit -u" not in init_script(nolimit, shares_for(nolimit), uid=5, gid=5)
+    plain = init_script(nolimit, shares_for(nolimit), uid=5, gid=5)
+    assert "pids.max" not in plain and "cg=/\n" in plain
+
+
+def test_trust_bundle_travels_in_the_run_archive_root_owned_read_only() -> None:
+    from corral.sandbox.microvm.cpio import archive
+    from corral.sandbox.microvm.plan import MAX_TRUST_BUNDLE, trust_entries
+
+    entries = trust_entries(b"PEM")
+    assert [(e.name, oct(e.mode)) for e in entries] == [
+        ("etc/ssl", "0o40755"),
+        ("etc/ssl/certs", "0o40755"),
+        ("etc/ssl/certs/ca-certificates.crt", "0o100644"),
+    ]
+    assert entries[-1].data == b"PEM"
+    assert b"etc/ssl/certs/ca-certificates.crt\0" in archive(entries)
+    with pytest.raises(ValueError):
+        trust_entries(b"x" * (MAX_TRUST_BUNDLE + 1))
+
+
+def test_guest_counts_are_labelled_claims_never_from_an_error_or_timeout() -> None:
+    from corral.sandbox.microvm.vm import guest_counts
+
+    claimed = guest_counts(R("oom", 137, oom_kills=1, pids_limit_hits=3))
+    assert claimed["oom_kills"] == 1 and claimed["pids_limit_hits"] == 3
+    assert str(claimed["claimed_by"]).startswith("guest init")
+    assert guest_counts(R("exit", 0)) == {}
+    assert guest_counts(R("error", 125, "x")) == {}
+    assert guest_counts(None) == {}

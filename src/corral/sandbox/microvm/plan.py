@@ -19,21 +19,26 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from corral.sandbox.microvm.cpio import Entry
 from corral.sandbox.spec import SandboxSpec
 
 __all__ = [
     "GUEST_MODULES",
+    "MAX_TRUST_BUNDLE",
     "PORT_ERR",
     "PORT_NET",
     "PORT_OUT",
     "PORT_STATUS",
     "START",
+    "TRUST_BUNDLE",
+    "GuestReport",
     "Share",
     "VMPlan",
     "build_argv",
     "init_script",
     "kernel_cmdline",
     "parse_report",
+    "trust_entries",
 ]
 
 PORT_STATUS = 1
@@ -57,6 +62,10 @@ GUEST_MODULES: tuple[str, ...] = (
 )
 
 BUSYBOX = "/corral/busybox"
+#: Where `NetworkSpec.trust_bundle` is shown (as `namespace.SYSTEM_TRUST_BUNDLE`).
+TRUST_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+#: The largest trust bundle copied into the initramfs (Debian's is ~220 KiB).
+MAX_TRUST_BUNDLE = 8 << 20
 #: The init's first line on port 1, just before it runs the command.
 START = b"start\n"
 
@@ -182,6 +191,23 @@ def shares_for(spec: SandboxSpec) -> tuple[Share, ...]:
     return tuple(shares)
 
 
+def trust_entries(bundle: bytes) -> tuple[Entry, ...]:
+    """The per-run initramfs members that show `bundle` at `TRUST_BUNDLE`.
+
+    The guest's /etc is the initramfs's, not the host's, so the bundle (host
+    store + the run's interception CA, broker.tls_setup) travels in the
+    archive: root-owned 0644 under root-owned directories, so the command
+    (never guest root) cannot replace it.
+    """
+    if len(bundle) > MAX_TRUST_BUNDLE:
+        raise ValueError(f"the trust bundle is larger than {MAX_TRUST_BUNDLE} bytes")
+    return (
+        Entry.dir("etc/ssl"),
+        Entry.dir("etc/ssl/certs"),
+        Entry.file(TRUST_BUNDLE.lstrip("/"), bundle, 0o644),
+    )
+
+
 def _q(value: str) -> str:
     return shlex.quote(value)
 
@@ -256,35 +282,56 @@ def init_script(
         f"$B chown {uid}:{gid} /dev/vport0p{PORT_OUT} /dev/vport0p{PORT_ERR}",
         f"$B chmod 0600 /dev/vport0p{PORT_STATUS}",
         f"cd {_q(spec.workspace)} || fail 'cannot enter the workspace'",
-        # RLIMIT_NPROC counts the real uid's processes: in the guest only the
-        # command runs as that uid, so this is the command's pids limit.
-        *(
-            [f"ulimit -u {spec.limits.pids} || fail 'cannot set the pids limit'"]
-            if spec.limits.pids is not None
-            else []
-        ),
+        *(_pids_lines(spec.limits.pids) if spec.limits.pids is not None else ["cg=/"]),
         'oom0="$($B grep oom_kill /proc/vmstat)"',
         # The host's --timeout counts from here, not from the (slow under TCG) boot.
         f"echo start >/dev/vport0p{PORT_STATUS}",
-        "/usr/bin/setpriv"
+        # The subshell joins the command's cgroup (writing 0 moves the writer)
+        # and becomes the command: init itself stays out of its pids count.
+        '( [ "$cg" = / ] || echo 0 >"/sys/fs/cgroup$cg/cgroup.procs"'
+        " || fail 'cannot join the pids cgroup';"
+        " exec /usr/bin/setpriv"
         f" --reuid={uid} --regid={gid} --clear-groups"
         " --inh-caps=-all --bounding-set=-all --no-new-privs --"
         " /usr/bin/env -i -- "
         + " ".join(_q(e) for e in env)
         + " "
         + " ".join(_q(a) for a in spec.argv)
-        + f" </dev/null >/dev/vport0p{PORT_OUT} 2>/dev/vport0p{PORT_ERR}",
+        + f" </dev/null >/dev/vport0p{PORT_OUT} 2>/dev/vport0p{PORT_ERR} )",
         "rc=$?",
         # The guest kernel's OOM-kill counter tells a memory kill from another SIGKILL.
         "kind=exit",
-        '[ "$rc" = 137 ] && [ "$($B grep oom_kill /proc/vmstat)" != "$oom0" ] && kind=oom',
+        'oom1="$($B grep oom_kill /proc/vmstat)"',
+        '[ "$rc" = 137 ] && [ "$oom1" != "$oom0" ] && kind=oom',
+        "ooms=$((${oom1#oom_kill } - ${oom0#oom_kill }))",
+        "hits=0",
+        '[ "$cg" = / ] || while read -r k v; do [ "$k" = max ] && hits=$v; done'
+        " </sys/fs/cgroup/cmd/pids.events",
+        # A fork loop can be refused millions of times: the report's counts
+        # are bounded, so a longer one is clamped (never a rejected report).
+        f"[ ${{#ooms}} -gt {MAX_LEFT_DIGITS} ] && ooms={'9' * MAX_LEFT_DIGITS}",
+        f"[ ${{#hits}} -gt {MAX_LEFT_DIGITS} ] && hits={'9' * MAX_LEFT_DIGITS}",
         *_count_left_lines(),
         # Whatever the command left behind dies with the guest.
-        f'echo "$kind $rc $left" >/dev/vport0p{PORT_STATUS}',
+        f'echo "$kind $rc $left $ooms $hits" >/dev/vport0p{PORT_STATUS}',
         "$B reboot -f",
         "",
     ]
     return "\n".join(lines)
+
+
+def _pids_lines(pids: int) -> list[str]:
+    # The guest kernel's pids controller, not RLIMIT_NPROC: same bound (only
+    # the command is in the cgroup, as only it ran as its uid), and its
+    # pids.events counts the forks it refused, which the report carries.
+    return [
+        "$B mount -t cgroup2 -o nosuid,nodev,noexec cgroup2 /sys/fs/cgroup"
+        " || fail 'cannot mount the guest cgroup2'",
+        "$B mkdir /sys/fs/cgroup/cmd || fail 'cannot set the pids limit'",
+        "echo +pids >/sys/fs/cgroup/cgroup.subtree_control || fail 'cannot set the pids limit'",
+        f"echo {pids} >/sys/fs/cgroup/cmd/pids.max || fail 'cannot set the pids limit'",
+        "cg=/cmd",
+    ]
 
 
 def _relay_lines() -> list[str]:
@@ -319,8 +366,23 @@ def _count_left_lines() -> list[str]:
     ]
 
 
-def parse_report(data: bytes) -> tuple[str, int, str, int] | None:
-    """("exit", N, "", LEFT), ("oom", 137, "", LEFT) or ("error", N, message, 0)
+@dataclass(frozen=True, slots=True)
+class GuestReport:
+    """The guest init's exit line, parsed: every number is the guest's word."""
+
+    kind: str  # "exit", "oom" or "error"
+    code: int
+    message: str = ""
+    #: processes still alive when the command ended (they die with the guest)
+    left: int = 0
+    #: the guest kernel's OOM kills while the command ran (/proc/vmstat delta)
+    oom_kills: int = 0
+    #: forks the guest's pids controller refused the command (pids.events max)
+    pids_limit_hits: int = 0
+
+
+def parse_report(data: bytes) -> GuestReport | None:
+    """ "exit N LEFT OOMS HITS", "oom 137 LEFT OOMS HITS" or "error N message"
     from port 1's bytes, else None.
 
     The bytes come from inside the guest: after the init's "start" line,
@@ -342,14 +404,18 @@ def parse_report(data: bytes) -> tuple[str, int, str, int] | None:
     if code > 255 or (kind == "oom" and code != 137):
         return None
     if kind == "error":
-        return kind, code, "".join(c if c.isprintable() else "?" for c in message)[:200], 0
-    # The count is the guest's word (guest root could forge it): a bounded number, no more.
-    if not _digits(message, MAX_LEFT_DIGITS):
+        return GuestReport(
+            kind, code, "".join(c if c.isprintable() else "?" for c in message)[:200]
+        )
+    # The counts are the guest's word (guest root could forge them): bounded numbers, no more.
+    counts = message.split(" ")
+    if len(counts) != 3 or not all(_digits(c, MAX_LEFT_DIGITS) for c in counts):
         return None
-    return kind, code, "", int(message)
+    left, ooms, hits = (int(c) for c in counts)
+    return GuestReport(kind, code, "", left, ooms, hits)
 
 
-#: At most this many digits in a report's leftover count (a guest cannot run more).
+#: At most this many digits in a report's counts (a guest cannot run more).
 MAX_LEFT_DIGITS = 6
 
 

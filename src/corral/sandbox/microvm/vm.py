@@ -49,13 +49,16 @@ from corral.sandbox.microvm import assets as _assets
 from corral.sandbox.microvm.cpio import Entry, archive
 from corral.sandbox.microvm.net import VMNet
 from corral.sandbox.microvm.plan import (
+    MAX_TRUST_BUNDLE,
     RELAY,
     START,
+    GuestReport,
     VMPlan,
     build_argv,
     init_script,
     parse_report,
     shares_for,
+    trust_entries,
 )
 from corral.sandbox.noreserve import drop_reserve_access
 from corral.sandbox.spec import Limits, SandboxSpec
@@ -74,6 +77,7 @@ __all__ = [
     "MicroVMBackend",
     "MicroVMSandbox",
     "decide_vm_exit",
+    "guest_counts",
     "kvm_status",
 ]
 
@@ -158,12 +162,37 @@ def decide_vm_exit(
     return 125, "refused", f"the VM ended without an exit report (QEMU status {qemu_rc})"
 
 
+def guest_counts(report: GuestReport | None) -> dict[str, object]:
+    """The OOM kills and pids-limit hits the guest init claims, with their
+    provenance, for the report's layers (pure; empty when it claims none).
+
+    The guest kernel, not the host's cgroup, saw these: a guest root could
+    forge them (bounded digits), so they are added to the host's counters and
+    labelled, never used to decide the exit.
+    """
+    if report is None or report.kind == "error":
+        return {}
+    counts = {"oom_kills": report.oom_kills, "pids_limit_hits": report.pids_limit_hits}
+    if not any(counts.values()):
+        return {}
+    return {**counts, "claimed_by": "guest init (guest kernel counters, unverified)"}
+
+
 def _read(path: str) -> str:
     try:
         with open(path, encoding="ascii", errors="replace") as fh:
             return fh.read()
     except OSError:
         return ""
+
+
+def _trust_entries(path: str) -> tuple[Entry, ...]:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_TRUST_BUNDLE + 1)
+        return trust_entries(data)
+    except (OSError, ValueError) as exc:
+        raise SandboxStartError(0, f"cannot give the guest the trust bundle: {exc}") from exc
 
 
 def _which(name: str) -> str | None:
@@ -443,6 +472,8 @@ class MicroVMBackend:
 
             with open(payload_path("vm_relay.py"), "rb") as fh:
                 run_entries.append(Entry.file(RELAY.lstrip("/"), fh.read(), 0o644))
+        if spec.network.trust_bundle is not None:
+            run_entries += _trust_entries(spec.network.trust_bundle)
         run_cpio = archive(run_entries, first_ino=1 << 20)
         opened: list[int] = []
         cgroup: Cgroup | None = None
@@ -689,11 +720,16 @@ class MicroVMSandbox(CgroupProcessHandle):
         report = parse_report(bytes(self._pumps[0].data))
         code, reason, message = decide_vm_exit(
             qemu_rc=self.proc.returncode,
-            report=report[:3] if report else None,
+            report=(report.kind, report.code, report.message) if report else None,
             oom_kills=oom,
             timed_out=timed_out,
             interrupted=interrupted,
         )
+        guest = report if report is not None and reason != "timeout" else None
+        claimed = guest_counts(guest)
+        layers = dict(self._layers)
+        if claimed:
+            layers["guest_counts"] = claimed
         return ExecResult(
             exit=code,
             reason=reason,
@@ -701,10 +737,11 @@ class MicroVMSandbox(CgroupProcessHandle):
             cpu_s=usage.cpu_s if usage else 0.0,
             peak_memory_bytes=usage.peak_memory_bytes if usage else 0,
             # Counted by the guest init (bounded); they died with the guest.
-            processes_killed_at_end=report[3] if report and reason != "timeout" else 0,
-            layers=dict(self._layers),
-            oom_kills=oom,
-            pids_limit_hits=usage.pids_limit_hits if usage else 0,
+            processes_killed_at_end=report.left if report and reason != "timeout" else 0,
+            layers=layers,
+            oom_kills=oom + (guest.oom_kills if claimed and guest else 0),
+            pids_limit_hits=(usage.pids_limit_hits if usage else 0)
+            + (guest.pids_limit_hits if claimed and guest else 0),
             message=message,
         )
 

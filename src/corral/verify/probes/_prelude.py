@@ -12,7 +12,9 @@ prints CORRAL-START first (the host's proof that the probe started) and defines:
 - sysc(name, *args) -> (ret, errno): raw syscalls by name (x86_64, aarch64);
 - tcp/udp/unix/http/ping helpers, proxy() (from the environment, ignoring no_proxy);
 - tls_tunnel_secret(label, sni): B's secret asked inside a TLS tunnel to A (M3 probes);
-- sleeper(secs): argv of a marker-carrying sleeping process; detach(argv).
+- sleeper(secs): argv of a marker-carrying sleeping process; detach(argv);
+- SLOW: the backend's time scale (`Backend.time_scale`): a probe that races a
+  wall-clock limit scales its waits by it, as the limit itself is scaled.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ sys.stdout.write("CORRAL-START\n")
 sys.stdout.flush()
 CANARY = "CORRALCANARY"
 PY = sys.executable or "/usr/bin/python3"
+SLOW = float(P.get("slow", 1))
 
 
 def result(ok, **kw):

@@ -28,7 +28,7 @@ from corral.verify.probes._dsl import MCP_CLIENT, MCP_ROUTE, code
 __all__ = ["PROBES"]
 
 _TIMEOUT = code("""
-time.sleep(4)
+time.sleep(4 * SLOW)
 """)
 _OOM = code("""
 chunks = []

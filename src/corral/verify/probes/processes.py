@@ -174,8 +174,8 @@ PROBES: list[Probe] = [
         "M5",
         "leave a setsid() daemon behind when the task is killed by its wall-clock limit",
         code("""
-          detach(sleeper(30))
-          time.sleep(4)
+          detach(sleeper(30 * SLOW))
+          time.sleep(4 * SLOW)
           """),
         _S,
         limits=ProbeLimits(timeout_s=1.5),

@@ -177,7 +177,7 @@ PROBES: list[Probe] = [
         "sleep 5 s under a 1.5 s wall-clock limit",
         code("""
           open(P["ws"] + "/started-" + MARKER, "w").close()
-          time.sleep(5)
+          time.sleep(5 * SLOW)
           open(P["ws"] + "/finished-" + MARKER, "w").close()
           print("slept 5 s")
           """),
