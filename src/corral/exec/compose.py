@@ -356,9 +356,10 @@ def execute(
         # The message comes from the sandbox's init over the status pipe.
         sys.stderr.write(f"corral exec: {show(result.message, 1000)}\n")
     if result.reason == "timeout":
-        sys.stderr.write(
-            f"corral exec: timed out after {spec.limits.timeout_s:g}s; sandbox killed\n"
-        )
+        # A backend's own bound (a microVM's boot limit) can end a run that
+        # had no --timeout.
+        after = "" if spec.limits.timeout_s is None else f" after {spec.limits.timeout_s:g}s"
+        sys.stderr.write(f"corral exec: timed out{after}; sandbox killed\n")
     elif result.reason == "oom":
         sys.stderr.write("corral exec: killed by the memory limit\n")
     summary = result.summary(observations)
