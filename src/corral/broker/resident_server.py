@@ -49,6 +49,7 @@ from corral.broker.config import BrokerConfig
 from corral.broker.control import ControlServer, bind_control_socket
 from corral.broker.journal import GroupCommitJournal, Journal
 from corral.broker.pauseloop import PausableEventLoop
+from corral.broker.pgjournal import open_journal
 from corral.broker.policy import Policy
 from corral.broker.privdir import peer_uid
 from corral.broker.proxy import BrokerState, ProxyServer
@@ -164,12 +165,13 @@ class _Attachment:
                 if not isinstance(environ, dict):
                     raise ConfigError("environ must be an object")
                 config = BrokerConfig.from_json(str(request["config"]))
-                prepared = prepare(
-                    config, {str(k): str(v) for k, v in environ.items()}, self.resident.tls
-                )
+                caller_env = {str(k): str(v) for k, v in environ.items()}
+                prepared = prepare(config, caller_env, self.resident.tls)
                 identity = Identity(run=request.get("run"), session=request.get("session"), env=env)
                 journal_path = Path(str(request["journal"]))
-                journal = Journal(journal_path, config.journal_synchronous)
+                # As a broker process of the caller would: a fleet worker's
+                # environment names the shared journal every row also goes to.
+                journal = open_journal(journal_path, config.journal_synchronous, caller_env)
                 if request.get("control") is not None:
                     control_path = Path(str(request["control"]))
                     control_sock = bind_control_socket(control_path)
