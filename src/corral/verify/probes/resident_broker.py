@@ -29,20 +29,8 @@ PROBES: list[Probe] = [
         "names), attach an own listener with a policy allowing the loopback service B, "
         "then fetch B through it",
         code("""
-          import array, glob
-          cands = set()
-          bases = ["/tmp", "/run", os.environ.get("XDG_RUNTIME_DIR") or "/tmp"]
-          bases += glob.glob("/run/user/*")
-          for base in bases:
-              cands.update(glob.glob(base + "/corral-*/broker/resident*.sock"))
-          try:
-              with open("/proc/net/unix") as fh:
-                  for line in fh:
-                      f = line.split()
-                      if len(f) >= 8 and "/broker/resident" in f[-1]:
-                          cands.add(f[-1])
-          except OSError:
-              pass
+          import array
+          cands = host_sockets(["/corral-*/broker/resident*.sock"], ["/broker/resident"])
           addrs = sorted(cands) + ["\\0" + c for c in sorted(cands)] + ["\\0corral-resident"]
           config = json.dumps({"rules": [{"host": "127.0.0.1", "ports": [P["http_b_port"]],
                                           "allow_private": True, "id": "evil-" + MARKER}],
