@@ -39,7 +39,7 @@ import signal
 from pathlib import Path
 
 from corral.errors import CgroupError
-from corral.sandbox.cgroup import Cgroup, CgroupLayout, detect_layout
+from corral.sandbox.cgroup import Cgroup, CgroupLayout, detect_layout, pid_alive
 from corral.sandbox.spec import Limits
 
 __all__ = [
@@ -231,8 +231,6 @@ def ephemeral_run_cgroup(kind: str) -> RunCgroup | None:
     layout = detect_layout()
     if layout is None:
         return None
-    from corral.sandbox.cgroup import pid_alive
-
     roots = [m for _, m in layout.v1] + ([layout.unified] if layout.unified else [])
     stale: set[str] = set()
     for root in dict.fromkeys(roots):
