@@ -20,6 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from corral.errors import CorralError, LayerUnavailableError, SandboxStartError, UsageError
+from corral.sandbox import interrupts
 from corral.sandbox.spec import DEFAULT_PATH, LAYERS, Bind, Limits, NetworkSpec, SandboxSpec
 from corral.sandbox.units import parse_cpus, parse_duration, parse_size
 
@@ -616,14 +617,36 @@ def _parse_pids(text: str) -> int:
     return n
 
 
-class _Interrupted(Exception):
+class _Interrupted(BaseException):
+    """A signal to corral: like KeyboardInterrupt, not for `except Exception` to swallow."""
+
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
 
 
+#: The first signal that arrived, kept for when its exception was lost anyway.
+_first_signal: list[int] = []
+
+
+def interrupt(signum: int) -> None:
+    """Record `signum` and raise it into what the main thread is doing, or as soon
+    as a backend holds the handle of the process it is creating."""
+    if not _first_signal:
+        _first_signal.append(signum)
+
+    def fire() -> None:
+        raise _Interrupted(signum)
+
+    interrupts.deliver(fire)
+
+
+def pending_signal() -> int:
+    return _first_signal[0] if _first_signal else 0
+
+
 def _on_signal(signum: int, _frame: FrameType | None) -> None:
-    raise _Interrupted(signum)
+    interrupt(signum)
 
 
 def run_exec(argv: Sequence[str]) -> int:
@@ -653,7 +676,11 @@ def run_exec(argv: Sequence[str]) -> int:
             journal=ns.journal,
             dry_run=ns.dry_run,
             interrupted_exc=_Interrupted,
+            pending_signal=pending_signal,
         )
+    except _Interrupted as exc:
+        # Before the sandbox was whole (its start tore down what it had).
+        return 128 + exc.signum
     except LayerUnavailableError as exc:
         sys.stderr.write(f"corral exec: refused: {exc}\n")
         _json_refused(ns.json, str(exc), exc.layer)

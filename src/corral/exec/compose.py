@@ -13,6 +13,7 @@ from corral.sandbox.spec import ExecResult, SandboxSpec
 # Not `typing.TYPE_CHECKING`: importing typing costs ~5 ms on every `corral exec`.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
     from corral.broker.attach import EgressBroker
@@ -206,11 +207,16 @@ def execute(
     journal: str | None,
     dry_run: bool,
     interrupted_exc: type[BaseException],
+    pending_signal: Callable[[], int],
 ) -> tuple[dict[str, object], int] | None:
     """Run `spec` to completion; return (the --json summary, exit status).
 
     `interrupted_exc` is what the CLI's signal handlers raise; when it arrives
-    the sandbox is killed and the status is 128 + the signal. With a journal
+    the sandbox is killed and the status is 128 + the signal. `pending_signal`
+    is the first signal that arrived (0: none): an exception raised from a
+    signal handler can be lost (in a finaliser, or in code that catches
+    everything), so a signal that came during start-up is honoured before the
+    wait rather than only by its exception. With a journal
     (or egress, which always journals), process events are recorded too.
     """
     sandboxes = load_backend(backend)
@@ -320,7 +326,9 @@ def execute(
                     running, Identity(run=run, session=spec.session_id, env=spec.env_kind)
                 )
             try:
-                result = running.wait(spec.limits.timeout_s)
+                early = pending_signal()
+                timeout = spec.limits.timeout_s
+                result = running.interrupt(early) if early else running.wait(timeout)
             except interrupted_exc as exc:
                 signum = int(getattr(exc, "signum", 15))
                 result = running.interrupt(signum)

@@ -50,6 +50,10 @@ from pathlib import Path
 
 from corral.errors import CorralError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 __all__ = [
     "BUILD_ID",
     "MAX_BODY",
@@ -377,7 +381,7 @@ def _close_all(fds: list[int]) -> None:
 class _ConnWatch:
     """SIGIO on the client connection: a relayed signal or EOF interrupts `run_exec`."""
 
-    def __init__(self, conn: socket.socket, interrupt: type[BaseException]) -> None:
+    def __init__(self, conn: socket.socket, interrupt: Callable[[int], None]) -> None:
         self.conn = conn
         self.interrupt = interrupt
         self.gone = False
@@ -420,7 +424,7 @@ class _ConnWatch:
     def _on_sigio(self, _signum: int, _frame: object) -> None:
         signum = self.pending()
         if signum:
-            raise self.interrupt(signum)
+            self.interrupt(signum)
 
 
 def _worker(conn: socket.socket) -> int:
@@ -464,7 +468,7 @@ def _worker(conn: socket.socket) -> int:
 
     from corral.exec import cli
 
-    watch = _ConnWatch(conn, cli._Interrupted)
+    watch = _ConnWatch(conn, cli.interrupt)
     watch.install()
     code = _run(req.argv[1:], watch)
     with contextlib.suppress(OSError):
@@ -485,13 +489,16 @@ def _worker(conn: socket.socket) -> int:
 
 
 def _run(args: tuple[str, ...], watch: _ConnWatch) -> int:
-    from corral.exec.cli import run_exec
+    from corral.exec.cli import _Interrupted, run_exec
 
     try:
         early = watch.pending()
         if early:
             return 128 + early
         return run_exec(args)
+    except _Interrupted as exc:
+        # Before any sandbox existed (while parsing the request's arguments).
+        return 128 + exc.signum
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):
             return int(exc.code or 0)

@@ -44,7 +44,7 @@ from types import MappingProxyType
 from corral._payload import path as payload_path
 from corral.errors import CgroupError, LayerUnavailableError, SandboxStartError
 from corral.sandbox import bwrap as bw
-from corral.sandbox import mounts
+from corral.sandbox import interrupts, mounts
 from corral.sandbox.cgroup import Cgroup, CgroupLayout, CgroupUsage, detect_layout, sweep_stale
 from corral.sandbox.handle import CgroupProcessHandle
 from corral.sandbox.spec import ExecResult, SandboxSpec
@@ -343,6 +343,7 @@ class NamespaceSandbox:
         fds_to_close: list[int] = []
         host_fds: list[int] = []
         placeholders: Placeholders | None = None
+        running: RunningSandbox | None = None
         unix: UnixChildInstaller | None = None
         try:
             if layout is not None:
@@ -473,61 +474,64 @@ class NamespaceSandbox:
                 if null_fd is not None:
                     fds_to_close.append(null_fd)
             env = dict(spec.env)
-            try:
-                # preexec_fn runs Python between fork and exec. That is safe
-                # even when the caller has other threads (the coordinator
-                # does): child_setup takes no Python-level lock (no import,
-                # no logging, modules already loaded), CPython resets the GIL
-                # in the child, and glibc's malloc is fork-safe; it only makes
-                # raw syscalls through os and ctypes.
-                proc = subprocess.Popen(
-                    argv,
-                    stdin=stdio[0],
-                    stdout=stdio[1],
-                    stderr=stdio[2],
-                    env=env,
-                    pass_fds=pass_fds,
-                    preexec_fn=child_setup,  # noqa: PLW1509
-                    close_fds=True,
-                    cwd="/",
-                )
-            except (OSError, subprocess.SubprocessError) as exc:
-                os.close(err_w)
-                fds_to_close.remove(err_w)
-                detail = os.read(err_r, 4096).decode(errors="replace").strip()
-                os.close(err_r)
-                raise SandboxStartError(0, f"cannot start bwrap: {detail or exc}") from exc
-            os.close(err_r)
-            for fd in fds_to_close:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-            fds_to_close = []
-            supervisor = None
-            if unix is not None:
+            # Until the RunningSandbox exists, nothing but this frame can
+            # kill what Popen forks: an interrupt waits (sandbox.interrupts).
+            with interrupts.deferred():
                 try:
-                    supervisor = unix.start_supervisor(self._unix_observer)
-                except BaseException:
-                    proc.kill()
-                    proc.wait()
-                    raise
-                finally:
-                    unix.close()
-            running = RunningSandbox(
-                proc=proc,
-                cgroup=cgroup,
-                status_fd=status_r,
-                layers=layers.active,
-                started=started,
-                spec=spec,
-                uid_lease=lease,
-                hold_fd=hold_w,
-                bwrap_status_fd=bwrap_status_r,
-                placeholders=placeholders,
-            )
-            running.unix_supervisor = supervisor
-            lease = None
-            host_fds = []
-            placeholders = None
+                    # preexec_fn runs Python between fork and exec. That is safe
+                    # even when the caller has other threads (the coordinator
+                    # does): child_setup takes no Python-level lock (no import,
+                    # no logging, modules already loaded), CPython resets the GIL
+                    # in the child, and glibc's malloc is fork-safe; it only makes
+                    # raw syscalls through os and ctypes.
+                    proc = subprocess.Popen(
+                        argv,
+                        stdin=stdio[0],
+                        stdout=stdio[1],
+                        stderr=stdio[2],
+                        env=env,
+                        pass_fds=pass_fds,
+                        preexec_fn=child_setup,  # noqa: PLW1509
+                        close_fds=True,
+                        cwd="/",
+                    )
+                except (OSError, subprocess.SubprocessError) as exc:
+                    os.close(err_w)
+                    fds_to_close.remove(err_w)
+                    detail = os.read(err_r, 4096).decode(errors="replace").strip()
+                    os.close(err_r)
+                    raise SandboxStartError(0, f"cannot start bwrap: {detail or exc}") from exc
+                os.close(err_r)
+                for fd in fds_to_close:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                fds_to_close = []
+                supervisor = None
+                if unix is not None:
+                    try:
+                        supervisor = unix.start_supervisor(self._unix_observer)
+                    except BaseException:
+                        proc.kill()
+                        proc.wait()
+                        raise
+                    finally:
+                        unix.close()
+                running = RunningSandbox(
+                    proc=proc,
+                    cgroup=cgroup,
+                    status_fd=status_r,
+                    layers=layers.active,
+                    started=started,
+                    spec=spec,
+                    uid_lease=lease,
+                    hold_fd=hold_w,
+                    bwrap_status_fd=bwrap_status_r,
+                    placeholders=placeholders,
+                )
+                running.unix_supervisor = supervisor
+                lease = None
+                host_fds = []
+                placeholders = None
             if self._network_hook is not None:
                 assert info_r is not None and block_w is not None
                 try:
@@ -543,6 +547,13 @@ class NamespaceSandbox:
                     os.close(block_w)
             return running
         except BaseException:
+            if running is not None:
+                # Interrupted as the deferred block ended: the sandbox is whole.
+                with contextlib.suppress(Exception):
+                    running.kill_all()
+                with contextlib.suppress(Exception):
+                    running.close()
+                raise
             for fd in fds_to_close + host_fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)

@@ -131,6 +131,7 @@ else:
         journal=None,
         dry_run=False,
         interrupted_exc=KeyboardInterrupt,
+        pending_signal=lambda: 0,
     )
 print("subreaper" if is_subreaper() else "not-subreaper")
 """

@@ -41,7 +41,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from corral.errors import CgroupError, LayerUnavailableError, SandboxStartError
-from corral.sandbox import mounts
+from corral.sandbox import interrupts, mounts
 from corral.sandbox.backend import GVisorConfig, SandboxNet
 from corral.sandbox.bwrap import StagedBind
 from corral.sandbox.cgroup import Cgroup, CgroupLayout, detect_layout, sweep_stale
@@ -505,31 +505,40 @@ class GVisorBackend:
             hold_in, hold_in_w = os.pipe()
             os.close(hold_in_w)
             fds.append(hold_in)
+            proc: subprocess.Popen[bytes] | None = None
             try:
-                # preexec_fn: raw syscalls only (see NamespaceSandbox.start).
-                # runsc's own errors go to its --log; the holder's stdout
-                # says when the sandbox runs.
-                proc = subprocess.Popen(
-                    argv,
-                    stdin=hold_in,
-                    stdout=ready_w,
-                    stderr=ready_w,
-                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-                    preexec_fn=child_setup,  # noqa: PLW1509
-                    close_fds=True,
-                    pass_fds=[
-                        *([3] if with_net else []),
-                        *([refusals.write_fd] if refusals else []),
-                    ],
-                    cwd="/",
-                )
-            except (OSError, subprocess.SubprocessError) as exc:
-                os.close(err_w)
-                fds.remove(err_w)
-                detail = os.read(err_r, 4096).decode(errors="replace").strip()
-                os.close(err_r)
-                relay.close(0)
-                raise SandboxStartError(0, f"cannot start runsc: {detail or exc}") from exc
+                # Popen's fork must not be orphaned by an interrupt (sandbox.interrupts).
+                with interrupts.deferred():
+                    try:
+                        # preexec_fn: raw syscalls only (see NamespaceSandbox.start).
+                        # runsc's own errors go to its --log; the holder's stdout
+                        # says when the sandbox runs.
+                        proc = subprocess.Popen(
+                            argv,
+                            stdin=hold_in,
+                            stdout=ready_w,
+                            stderr=ready_w,
+                            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                            preexec_fn=child_setup,  # noqa: PLW1509
+                            close_fds=True,
+                            pass_fds=[
+                                *([3] if with_net else []),
+                                *([refusals.write_fd] if refusals else []),
+                            ],
+                            cwd="/",
+                        )
+                    except (OSError, subprocess.SubprocessError) as exc:
+                        os.close(err_w)
+                        fds.remove(err_w)
+                        detail = os.read(err_r, 4096).decode(errors="replace").strip()
+                        os.close(err_r)
+                        relay.close(0)
+                        raise SandboxStartError(0, f"cannot start runsc: {detail or exc}") from exc
+            except BaseException:
+                if proc is not None:
+                    self._abort(proc, cgroup, relay)
+                raise
+            assert proc is not None
             os.close(err_r)
             if refusals is not None:
                 refusals.started()

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from corral.errors import CgroupError, LayerUnavailableError, SandboxStartError
+from corral.sandbox import interrupts
 from corral.sandbox.backend import MicroVMConfig, SandboxNet
 from corral.sandbox.cgroup import Cgroup, detect_layout, sweep_stale
 from corral.sandbox.handle import CgroupProcessHandle
@@ -478,6 +479,7 @@ class MicroVMBackend:
         opened: list[int] = []
         cgroup: Cgroup | None = None
         chan: socket.socket | None = None
+        proc: subprocess.Popen[bytes] | None = None
         try:
             initrd = os.memfd_create("corral-initrd", os.MFD_CLOEXEC)
             opened.append(initrd)
@@ -553,19 +555,26 @@ class MicroVMBackend:
                     os._exit(125)
 
             started = time.monotonic()
-            try:
-                proc = subprocess.Popen(
-                    build_argv(plan),
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
-                    pass_fds=child_fds,
-                    preexec_fn=child_setup,  # noqa: PLW1509 - corral is single-threaded here
-                    close_fds=True,
-                )
-            except OSError as exc:
-                raise SandboxStartError(exc.errno, f"cannot start QEMU: {exc.strerror}") from exc
+            # Popen's fork must not be orphaned by an interrupt (sandbox.interrupts).
+            with interrupts.deferred():
+                try:
+                    proc = subprocess.Popen(
+                        build_argv(plan),
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE,
+                        pass_fds=child_fds,
+                        preexec_fn=child_setup,  # noqa: PLW1509 - corral is single-threaded here
+                        close_fds=True,
+                    )
+                except OSError as exc:
+                    msg = f"cannot start QEMU: {exc.strerror}"
+                    raise SandboxStartError(exc.errno, msg) from exc
         except BaseException:
+            if proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                proc.wait()
             for fd in opened:
                 with contextlib.suppress(OSError):
                     os.close(fd)
