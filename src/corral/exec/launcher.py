@@ -52,6 +52,7 @@ from corral.errors import CorralError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import subprocess
     from collections.abc import Callable
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
     "serve",
     "source_root",
     "start_in_background",
+    "start_private",
     "tree_stamp",
 ]
 
@@ -777,3 +779,40 @@ def main(argv: list[str]) -> int:
     except (OSError, CorralError) as exc:
         sys.stderr.write(f"corral launcher: {exc}\n")
         return 125
+
+
+def start_private(
+    path: Path, *, idle_s: float = 300.0, timeout_s: float = 60.0
+) -> subprocess.Popen[bytes]:
+    """Start a launcher on `path` (its directory already private) and wait until it
+    listens. For callers that own its lifetime (`corral verify --backend fastpath`
+    terminates and reaps it): it is not detached into the background."""
+    import subprocess
+
+    ready_r, ready_w = os.pipe()
+    try:
+        argv = [sys.executable, "-I", "-c", _BOOT, _SOURCE_ROOT, "--socket", str(path)]
+        argv += ["--idle-s", f"{idle_s:g}", "--ready-fd", str(ready_w)]
+        proc = subprocess.Popen(
+            argv,
+            pass_fds=(ready_w,),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd="/",
+        )
+        os.close(ready_w)
+        ready_w = -1
+        got = b""
+        if select.select([ready_r], [], [], timeout_s)[0]:
+            got = os.read(ready_r, 64)
+        if got.strip() != str(proc.pid).encode():
+            proc.kill()
+            proc.wait()
+            raise LaunchRequestError(f"the launcher did not start on {path}")
+        return proc
+    finally:
+        os.close(ready_r)
+        if ready_w >= 0:
+            os.close(ready_w)

@@ -3,6 +3,10 @@
 - `namespace` (and `microvm`, `gvisor` when `corral exec` offers them): each
   probe runs as `python -m corral exec [--workspace WS] [--memory ..] [--pids ..]
   [--cpus ..] [--timeout ..] [--allow ..] [--journal F] [--config F] --json -- CMD`.
+- `fastpath`: `namespace` through corral's fast path: the compiled front end
+  (`exec/frontend.py`) talking to a resident launcher (`exec/launcher.py`)
+  that the suite starts for itself (`CORRAL_LAUNCHER=require`, so a silent
+  fallback to the Python CLI cannot pass for it).
 - `none`: the same command straight on the host, in the workspace, with the
   caller's environment (planted secrets included) — the baseline on which
   every attack must succeed.
@@ -24,7 +28,8 @@ import shutil
 import subprocess
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -47,7 +52,15 @@ __all__ = [
     "with_fault",
 ]
 
-BACKENDS: tuple[str, ...] = ("namespace", "none", "bwrap-basic", "srt", "microvm", "gvisor")
+BACKENDS: tuple[str, ...] = (
+    "namespace",
+    "none",
+    "bwrap-basic",
+    "srt",
+    "microvm",
+    "gvisor",
+    "fastpath",
+)
 
 #: The hand-written line `bwrap-basic` stands for (WS is the workspace).
 BWRAP_BASIC: tuple[str, ...] = (
@@ -101,6 +114,15 @@ class Backend(ABC):
     def unavailable(self) -> str | None:
         """Why this backend cannot run here, or None."""
         return None
+
+    def exec_env(self) -> dict[str, str]:
+        """What the backend's own host process needs in its environment (not the probe's)."""
+        return {}
+
+    @contextmanager
+    def session(self) -> Iterator[None]:
+        """What the backend needs running while the suite runs (I/O)."""
+        yield
 
     def report(self, stderr: str) -> tuple[dict[str, Any] | None, str]:
         """(end-of-task report, stderr without it); only corral produces one."""
@@ -165,6 +187,9 @@ class CorralBackend(Backend):
 
     def __init__(self, name: str) -> None:
         self.name = name
+        #: `fastpath`: the front end binary and the launcher's socket (`session()`).
+        self.frontend: str | None = None
+        self.launcher_socket: str | None = None
         if name == "microvm":
             # Without KVM the guest is emulated (TCG): Python in the guest takes
             # ~2 s to start on an idle host, and 4x was measured too little at
@@ -182,18 +207,13 @@ class CorralBackend(Backend):
             self.deadline_scale = 3.0
 
     def argv(self, cmd: list[str], run: RunSpec) -> list[str]:
-        out = [
-            sys.executable,
-            "-m",
-            "corral",
-            "exec",
-            "--workspace",
-            run.workspace,
-            "--env",
-            run.env_kind,
-            "--json",
-        ]
-        if self.name != "namespace":
+        if self.name == "fastpath":
+            assert self.frontend is not None, "session() first"
+            out = [self.frontend, "exec"]
+        else:
+            out = [sys.executable, "-m", "corral", "exec"]
+        out += ["--workspace", run.workspace, "--env", run.env_kind, "--json"]
+        if self.name not in ("namespace", "fastpath"):
             out += ["--backend", self.name]
         if self.name == "microvm":
             # Without hardware KVM the VM runs under TCG; the report's layers
@@ -222,6 +242,41 @@ class CorralBackend(Backend):
 
     def not_applicable(self) -> dict[str, str]:
         return {}
+
+    def exec_env(self) -> dict[str, str]:
+        if self.launcher_socket is None:
+            return {}
+        return {"CORRAL_LAUNCHER": "require", "CORRAL_LAUNCHER_SOCKET": self.launcher_socket}
+
+    @contextmanager
+    def session(self) -> Iterator[None]:
+        """For `fastpath`: build the front end and run a launcher of the suite's own."""
+        if self.name != "fastpath":
+            yield
+            return
+        import signal
+        import tempfile
+
+        from corral.exec import launcher
+        from corral.exec.frontend import frontend_binary
+        from corral.sandbox.namespace import cache_dir
+
+        self.frontend = frontend_binary(cache_dir())
+        # Short: a unix socket's path holds 108 bytes.
+        d = tempfile.mkdtemp(prefix="cv-", dir="/tmp")
+        sock = os.path.join(d, "l.sock")
+        proc = launcher.start_private(Path(sock), idle_s=3600.0)
+        self.launcher_socket = sock
+        try:
+            yield
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            shutil.rmtree(d, ignore_errors=True)
 
     def inside_count(self, owner: int) -> int | None:
         if self.name != "gvisor":
@@ -438,7 +493,7 @@ def with_fault(fault: Fault | None, argv: list[str]) -> list[str]:
 
 
 def make_backend(name: str) -> Backend:
-    if name in ("namespace", "microvm", "gvisor"):
+    if name in ("namespace", "microvm", "gvisor", "fastpath"):
         return CorralBackend(name)
     if name == "none":
         return NoneBackend()

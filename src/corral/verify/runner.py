@@ -115,6 +115,16 @@ _HOST_GIT = (
 _RAW_LIMIT = 4000
 #: Backends whose sandboxes `corral run` can drive (the mission's `backend`).
 _MISSION_BACKENDS = frozenset({"namespace", "gvisor"})
+_NOT_FAST_PATH = (
+    "the fast path serves `corral exec` only: `corral run` and `corral view` start their "
+    "sandboxes in-process, and an injected fault wraps the front end's process while the "
+    "launcher's worker runs in the launcher's own namespaces (see the namespace column)"
+)
+_TERMINAL_NOT_FAST_PATH = (
+    "a terminal takes the Python path by design: the front end execs the Python CLI when a "
+    "standard stream is a terminal (the pty relay must be in the foreground process group); "
+    "see the namespace column"
+)
 
 Progress = Callable[[ProbeResult | Skipped, int, int], None]
 
@@ -224,6 +234,8 @@ def marker_pids(marker: str, *, exclude: Iterable[int] = ()) -> dict[int, str]:
             head = os.path.basename(argv[0])
             if head in _LAUNCHERS or (b"corral" in argv[1:3] and b"exec" in argv[2:5]):
                 break
+            if head.startswith(b"corral-frontend-") and argv[1:2] == [b"exec"]:
+                break  # the fast path's client (`--backend fastpath`)
             out[int(pid)] = line.replace(b"\0", b" ").decode("utf-8", "replace")[:200]
             break
     return out
@@ -761,7 +773,7 @@ class _Suite:
         self.opts = opts
         self.backend = backend
         self.cs = cs
-        self.caller_env = {**os.environ, **cs.env}
+        self.caller_env = {**os.environ, **cs.env, **backend.exec_env()}
         self.broker_reason: str | None = None
         self.journal_reason: str | None = None
         #: A neighbour sandbox's marker -> the host pid that started it.
@@ -848,6 +860,11 @@ class _Suite:
                 "a mission probe tests corral's run environments (agent, product, verifier), "
                 f"which {self.backend.name} does not have",
             )
+        if self.backend.name == "fastpath":
+            if p.mission is not None or p.viewer or p.fault is not None:
+                return Skipped(p, "not-applicable", _NOT_FAST_PATH)
+            if "pty" in p.needs:
+                return Skipped(p, "not-applicable", _TERMINAL_NOT_FAST_PATH)
         if p.mission is not None and self.backend.name not in _MISSION_BACKENDS:
             return Skipped(
                 p, "not-tested", "`corral run` drives namespace and gvisor sandboxes only"
@@ -1484,6 +1501,7 @@ def run_suite(opts: SuiteOptions, progress: Progress | None = None) -> Report:
         # No `stack.pop_all()` for --keep: the popped stack would be dropped,
         # and collecting plant_canaries' generator runs its cleanup at once
         # (hits/, journals/ gone mid-suite). --keep only skips the rmtree above.
+        stack.enter_context(backend.session())
         suite = _Suite(opts, backend, cs)
         suite.preflight()
         runnable: list[Probe] = []

@@ -107,6 +107,34 @@ def test_mission_probes_meet_verifier_integrity_and_the_product_port(tmp_path: P
     assert all(p["verdict"] == "ok" for p in probes), _lines(report, "unexpected")
 
 
+@pytest.mark.requires_sandbox
+@pytest.mark.timeout(300)
+def test_fast_path_meets_processes_privilege_and_secrets(tmp_path: Path) -> None:
+    """The probes of three categories through the compiled front end and a launcher
+    of the suite's own (issue 13: guarantees hold on the fast path). The front end
+    runs with CORRAL_LAUNCHER=require, so a fallback to the Python CLI fails the
+    preflight instead of passing for the fast path. The whole suite's run is in
+    README's table; the kill -9 points of client, launcher and worker are
+    tests/integration/sandbox/test_launcher.py."""
+    report = _verify(
+        tmp_path,
+        "--backend",
+        "fastpath",
+        "--category",
+        "processes",
+        "--category",
+        "privilege",
+        "--category",
+        "secrets",
+        timeout=280,
+    )
+    reqs, reasons = report["requirements"], report["requirement_reasons"]
+    assert isinstance(reqs, dict) and isinstance(reasons, dict)
+    for r in ("M4", "M5", "M8"):
+        assert reqs[r] == "met", (r, reasons[r], _lines(report, "unexpected"))
+    assert report["_exit"] == 0
+
+
 @pytest.mark.requires_root
 @pytest.mark.timeout(120)
 def test_mission_probes_are_not_applicable_without_run_environments(tmp_path: Path) -> None:
