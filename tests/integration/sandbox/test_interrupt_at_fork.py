@@ -103,6 +103,7 @@ BACKENDS = [
 
 def _sandbox_cgroups_with_processes() -> list[str]:
     layout = detect_layout()
+    assert layout is not None
     found: list[str] = []
     for root in {*dict(layout.v1).values(), layout.unified or ""} - {""}:
         base = Path(root) / "corral"
