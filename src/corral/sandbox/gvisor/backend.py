@@ -48,7 +48,7 @@ from corral.sandbox.cgroup import Cgroup, CgroupLayout, detect_layout, sweep_sta
 from corral.sandbox.gvisor import bundle as bd
 from corral.sandbox.gvisor import hostuid
 from corral.sandbox.gvisor.nproc import SentryRefusals
-from corral.sandbox.gvisor.ps import Located, leftover_count, runsc_argv, sandbox_pid1
+from corral.sandbox.gvisor.ps import Located, runsc_argv, sandbox_pid1
 from corral.sandbox.gvisor.stdio import StdioRelay
 from corral.sandbox.gvisor.version import release_date
 from corral.sandbox.handle import CgroupProcessHandle
@@ -502,9 +502,9 @@ class GVisorBackend:
             # The holder's stdio are pipes, never a host file: runsc re-owns
             # the container's stdio descriptors, and a host /dev/null handed
             # to it came back owned by nobody and re-moded from inside.
+            # The write end asks the holder for the leftover count (bundle.holder).
             hold_in, hold_in_w = os.pipe()
-            os.close(hold_in_w)
-            fds.append(hold_in)
+            fds += [hold_in, hold_in_w]
             proc: subprocess.Popen[bytes] | None = None
             try:
                 # Popen's fork must not be orphaned by an interrupt (sandbox.interrupts).
@@ -584,6 +584,7 @@ class GVisorBackend:
                 proc=command,
                 holder=proc,
                 located=located,
+                counter=(hold_in_w, ready_r),
                 cgroup=cgroup,
                 layers=layers,
                 started=started,
@@ -594,6 +595,8 @@ class GVisorBackend:
                 refusals=refusals,
                 lease=lease,
             )
+            fds.remove(hold_in_w)
+            fds.remove(ready_r)
             cgroup = None
             placeholders = None
             refusals = None
@@ -639,6 +642,33 @@ def _await_holder(ready_r: int, proc: subprocess.Popen[bytes], log: str) -> None
         tail = _runsc_log(log).strip().splitlines()[-1:]
         detail = tail[0].decode("utf-8", "replace")[-300:] if tail else f"exit {proc.returncode}"
         raise SandboxStartError(0, f"cannot start runsc: {detail}")
+
+
+#: How long the holder may take to count what the command left.
+_COUNT_S = 10.0
+
+
+def ask_count(request_w: int, answer_r: int, timeout_s: float) -> int | None:
+    """Ask the holder for the leftover count; None when it does not answer in time.
+
+    The answer is read from a pipe only runsc's host process and the holder
+    (another uid than the command's) hold, and only "left N\\n" is accepted.
+    """
+    try:
+        os.write(request_w, bd.COUNT_REQUEST)
+    except OSError:
+        return None
+    got = b""
+    deadline = time.monotonic() + timeout_s
+    while not got.endswith(b"\n") and len(got) < bd.MAX_LEFT:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([answer_r], [], [], left)[0]:
+            return None
+        chunk = os.read(answer_r, bd.MAX_LEFT - len(got))
+        if not chunk:
+            return None
+        got += chunk
+    return bd.parse_left(got)
 
 
 def exec_argv(target: Located, pid1: int, process_json: str, log_file: str) -> list[str]:
@@ -741,9 +771,10 @@ class GVisorSandbox(CgroupProcessHandle):
     cpu, memory, OOM kills and pids-limit hits are the kernel's counters of
     the cgroup that holds runsc, the sentry and the gofer. `proc` is the
     command's `runsc exec` (its status is the command's, from the sentry);
-    `holder` is `runsc run`, whose container process (bundle.HOLDER) keeps
-    the sandbox alive after the command exits, so the host counts what the
-    command left with `runsc ps` (the sentry's list) before it kills them.
+    `holder` is `runsc run`, whose container process (bundle.holder) keeps
+    the sandbox alive after the command exits and, asked over `counter`
+    (its stdin's write end, its stdout's read end), counts what the command
+    left from the sentry's /proc before the host kills them.
     """
 
     def __init__(
@@ -752,6 +783,7 @@ class GVisorSandbox(CgroupProcessHandle):
         proc: subprocess.Popen[bytes],
         holder: subprocess.Popen[bytes] | None = None,
         located: Located | None = None,
+        counter: tuple[int, int] | None = None,
         cgroup: Cgroup | None,
         layers: dict[str, object],
         started: float,
@@ -767,11 +799,12 @@ class GVisorSandbox(CgroupProcessHandle):
         self._lease = lease
         self.holder = holder
         self._located = located
+        self._counter = counter
         self._leftovers = 0
         self._relay = relay
         self.cgroup = cgroup
         self._layers = layers
-        self._layers["leftovers"] = "counted by runsc ps before teardown"
+        self._layers["leftovers"] = "counted by the holder before teardown"
         self.started = started
         self.base = base
         self.runsc = runsc
@@ -794,11 +827,11 @@ class GVisorSandbox(CgroupProcessHandle):
                 self.holder.kill()
 
     def _count_leftovers(self) -> None:
-        if self._located is None:
+        if self._counter is None:
             return
-        n = leftover_count(self._located, INSIDE_UID)
+        n = ask_count(*self._counter, _COUNT_S)
         if n is None:
-            self._layers["leftovers"] = "runsc ps did not answer; not counted"
+            self._layers["leftovers"] = "the holder did not answer; not counted"
         self._leftovers = n or 0
 
     def _freezer(self) -> str:
@@ -892,6 +925,9 @@ class GVisorSandbox(CgroupProcessHandle):
                 self.cgroup.remove()
                 emptied = True
         finally:
+            for fd in self._counter or ():
+                with contextlib.suppress(OSError):
+                    os.close(fd)
             if self._relay is not None:
                 self._relay.close(1.0)
             # Every runsc process is dead (the cgroup is empty): the state

@@ -12,21 +12,25 @@ workspace below /tmp or /home lands on top of the fresh tmpfs.
 from __future__ import annotations
 
 import posixpath
+import re
 from dataclasses import dataclass
 
 from corral.sandbox.bwrap import StagedBind
 from corral.sandbox.spec import SandboxSpec
 
 __all__ = [
-    "HOLDER",
+    "COUNT_REQUEST",
     "HOLDER_READY",
+    "MAX_LEFT",
     "PLATFORMS",
     "SYNTHETIC_ETC",
     "BundlePlan",
     "build_config",
     "choose_platform",
     "command_process",
+    "holder",
     "mount_points",
+    "parse_left",
     "runsc_argv",
 ]
 
@@ -37,17 +41,61 @@ SYNTHETIC_ETC: tuple[str, ...] = ("passwd", "group", "hosts")
 #: Where `NetworkSpec.trust_bundle` is shown (as `namespace.SYSTEM_TRUST_BUNDLE`).
 TRUST_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 #: The container's pid 1: uid 0 without capabilities, so the command (another
-#: uid, no capabilities) can neither signal nor ptrace it; gVisor would end the
-#: sandbox, and kill the command's other processes uncounted, when it exits.
-#: It says "ready" once it runs; while it waits for its sleep, dash's wait
-#: reaps any child, so what the command orphans does not linger as zombies.
-HOLDER: tuple[str, ...] = (
-    "/bin/sh",
-    "-c",
-    "echo ready; while :; do sleep 100000 & wait; done",
-)
+#: uid, no capabilities) can neither signal nor ptrace it nor open its
+#: descriptors; gVisor would end the sandbox, and kill the command's other
+#: processes uncounted, when it exits. dash's wait reaps any child, so what the
+#: command orphans does not linger as zombies. Its child (uid 0 too) answers the
+#: host's one request with the leftover count: live processes of the command's
+#: uid whose parent is inside (`runsc exec`ed ones have parent 0), from the
+#: sentry's /proc, with no host process started for it. A process name is the
+#: only sandbox text in a status file and comes first, unescaped: the last State
+#: and PPid win, and the read stops at a Uid line only after a TracerPid line, a
+#: pair a name's 15 bytes cannot forge (16 with its newlines). dash reads a byte
+#: per system call: stopping there halves the count's cost.
+_HOLDER_SCRIPT = """exec 2>/dev/null 3<&0 0</dev/null
+{{
+  read -r _ <&3
+  n=0
+  for d in /proc/[0-9]*; do
+    u= p= s= t=
+    {{
+      while read -r k v _; do
+        case $k in
+          State:) s=$v ;;
+          PPid:) p=$v ;;
+          TracerPid:) t=1 ;;
+          Uid:) u=$v; [ -n "$t" ] && break ;;
+        esac
+      done <"$d/status"
+    }} 2>/dev/null
+    [ "$u" = {uid} ] && [ "$p" != 0 ] && [ "$s" != Z ] && n=$((n + 1))
+  done
+  echo "left $n"
+}} &
+exec 3<&-
+echo ready
+while :; do sleep 100000 & wait; done
+"""
 #: What the holder writes on its stdout once it runs.
 HOLDER_READY = b"ready\n"
+#: What the host writes on the holder's stdin to ask for the count.
+COUNT_REQUEST = b"count\n"
+#: The longest answer `parse_left` accepts.
+MAX_LEFT = 32
+_LEFT_RE = re.compile(rb"left (\d{1,9})\n")
+
+
+def holder(uid: int) -> tuple[str, ...]:
+    """The holder's argv, counting leftovers of `uid` (pure)."""
+    return ("/bin/sh", "-c", _HOLDER_SCRIPT.format(uid=int(uid)))
+
+
+def parse_left(answer: bytes) -> int | None:
+    """The count in the holder's answer; None unless it is exactly "left N\\n" (pure)."""
+    m = _LEFT_RE.fullmatch(answer)
+    return int(m.group(1)) if m else None
+
+
 #: Directories that start empty and die with the sandbox.
 _TMPFS: tuple[str, ...] = ("/tmp", "/home", "/var", "/var/tmp", "/run")
 
@@ -115,9 +163,9 @@ def build_config(plan: BundlePlan) -> dict[str, object]:
         mounts.append(_bind(spec.network.trust_bundle, TRUST_BUNDLE, False))
     for b in sorted((*plan.binds, *plan.protect_binds), key=_depth_key):
         mounts.append(_bind(b.source, b.dest, b.writable))
-    # The container's own process is the holder (see HOLDER); the command is
+    # The container's own process is the holder (see holder()); the command is
     # `runsc exec`ed beside it (`command_process`).
-    process = _process(list(HOLDER), ["PATH=/usr/bin:/bin"], "/", 0, 0)
+    process = _process(list(holder(plan.uid)), ["PATH=/usr/bin:/bin"], "/", 0, 0)
     if spec.limits.pids is not None:
         # The sentry enforces RLIMIT_NPROC per uid, and `runsc exec` gives the
         # command the container's rlimits (not its own process's): the
