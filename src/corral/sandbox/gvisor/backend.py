@@ -342,6 +342,10 @@ class GVisorBackend:
         if spec.network.needs_broker and network is None:
             raise LayerUnavailableError("egress", "the spec needs a broker and none was attached")
         with_net = network is not None
+        # Nothing to attach before the command runs: the container's own
+        # process runs it (bundle.supervisor), no `runsc exec`. As root only:
+        # the report directory's owner must be the sandbox's root.
+        supervised = not with_net and self.is_root
         if with_net:
             from corral.sandbox.gvisor import net as gnet
             from corral.sandbox.spec import SANDBOX_PROXY_PORT
@@ -401,6 +405,7 @@ class GVisorBackend:
                 netns_path="/proc/self/ns/net" if with_net else None,
                 # As root, /etc is built once and bound whole (gvisor.etcdir).
                 etc_dir=os.path.join(base, "bundle", "etc") if self.is_root else None,
+                report_dir=os.path.join(base, "report") if supervised else None,
             )
             _write_bundle(base, plan)
             etc_binds: list[tuple[str, str]] = []
@@ -513,11 +518,14 @@ class GVisorBackend:
                         # preexec_fn: raw syscalls only (see NamespaceSandbox.start).
                         # runsc's own errors go to its --log; the holder's stdout
                         # says when the sandbox runs.
+                        child_stdio = (
+                            relay.child_fds() if supervised else (hold_in, ready_w, ready_w)
+                        )
                         proc = subprocess.Popen(
                             argv,
-                            stdin=hold_in,
-                            stdout=ready_w,
-                            stderr=ready_w,
+                            stdin=child_stdio[0],
+                            stdout=child_stdio[1],
+                            stderr=child_stdio[2],
                             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
                             preexec_fn=child_setup,  # noqa: PLW1509
                             close_fds=True,
@@ -570,21 +578,26 @@ class GVisorBackend:
                         link.close()
                     os.close(block_w)
             located = Located(runsc, os.path.join(base, "state"), name, proc.pid)
+            command = proc
             try:
-                _await_holder(ready_r, proc, os.path.join(base, "runsc.log"))
-                if link is not None:
-                    for relay_sock in link.start_relays():
-                        relay_sock.close()
-                command = _exec_command(located, bd.command_process(plan), base, attach_fds, relay)
+                if not supervised:
+                    _await_holder(ready_r, proc, os.path.join(base, "runsc.log"))
+                    if link is not None:
+                        for relay_sock in link.start_relays():
+                            relay_sock.close()
+                    command = _exec_command(
+                        located, bd.command_process(plan), base, attach_fds, relay
+                    )
             except BaseException:
                 self._abort(proc, cgroup, relay)
                 raise
             relay.started()
             sandbox = GVisorSandbox(
                 proc=command,
-                holder=proc,
+                holder=None if supervised else proc,
                 located=located,
-                counter=(hold_in_w, ready_r),
+                counter=None if supervised else (hold_in_w, ready_r),
+                report=plan.report_dir,
                 cgroup=cgroup,
                 layers=layers,
                 started=started,
@@ -595,8 +608,9 @@ class GVisorBackend:
                 refusals=refusals,
                 lease=lease,
             )
-            fds.remove(hold_in_w)
-            fds.remove(ready_r)
+            if not supervised:
+                fds.remove(hold_in_w)
+                fds.remove(ready_r)
             cgroup = None
             placeholders = None
             refusals = None
@@ -669,6 +683,14 @@ def ask_count(request_w: int, answer_r: int, timeout_s: float) -> int | None:
             return None
         got += chunk
     return bd.parse_left(got)
+
+
+def _read_report(path: str) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(bd.MAX_REPORT + 1)
+    except OSError:
+        return b""
 
 
 def exec_argv(target: Located, pid1: int, process_json: str, log_file: str) -> list[str]:
@@ -748,6 +770,9 @@ def _write_bundle(base: str, plan: bd.BundlePlan) -> None:
     os.makedirs(os.path.join(base, "state"), mode=0o700)
     os.makedirs(rootfs, mode=0o755)
     os.makedirs(plan.files_dir, mode=0o755)
+    if plan.report_dir is not None:
+        # Only root opens it: the command's uid inside cannot (see bundle.supervisor).
+        os.mkdir(plan.report_dir, 0o700)
     # The gofer opens these as root and the sentry reads them: world-readable,
     # owned by root, in a directory only root can write.
     for name, data in _synthetic(plan.spec).items():
@@ -771,6 +796,9 @@ class GVisorSandbox(CgroupProcessHandle):
     cpu, memory, OOM kills and pids-limit hits are the kernel's counters of
     the cgroup that holds runsc, the sentry and the gofer. `proc` is the
     command's `runsc exec` (its status is the command's, from the sentry);
+    Without a network hook `proc` is `runsc run` itself, whose container
+    process (bundle.supervisor) runs the command and writes its status and
+    leftover count to `report`, a directory the command cannot open. Else
     `holder` is `runsc run`, whose container process (bundle.holder) keeps
     the sandbox alive after the command exits and, asked over `counter`
     (its stdin's write end, its stdout's read end), counts what the command
@@ -784,6 +812,7 @@ class GVisorSandbox(CgroupProcessHandle):
         holder: subprocess.Popen[bytes] | None = None,
         located: Located | None = None,
         counter: tuple[int, int] | None = None,
+        report: str | None = None,
         cgroup: Cgroup | None,
         layers: dict[str, object],
         started: float,
@@ -800,11 +829,17 @@ class GVisorSandbox(CgroupProcessHandle):
         self.holder = holder
         self._located = located
         self._counter = counter
+        self._report = report
+        self._status: int | None = None
         self._leftovers = 0
         self._relay = relay
         self.cgroup = cgroup
         self._layers = layers
-        self._layers["leftovers"] = "counted by the holder before teardown"
+        self._layers["leftovers"] = (
+            "counted by the holder before teardown"
+            if report is None
+            else "counted by the supervisor when the command exited"
+        )
         self.started = started
         self.base = base
         self.runsc = runsc
@@ -827,6 +862,13 @@ class GVisorSandbox(CgroupProcessHandle):
                 self.holder.kill()
 
     def _count_leftovers(self) -> None:
+        if self._report is not None:
+            got = bd.parse_report(_read_report(os.path.join(self._report, "status")))
+            if got is None:
+                self._layers["leftovers"] = "the supervisor did not report; not counted"
+                return
+            self._status, self._leftovers = got
+            return
         if self._counter is None:
             return
         n = ask_count(*self._counter, _COUNT_S)
@@ -887,7 +929,20 @@ class GVisorSandbox(CgroupProcessHandle):
         usage = self.usage()
         oom = usage.oom_kills if usage else 0
         rc = self.proc.returncode
-        if rc == 128 and not timed_out and not interrupted:
+        message = ""
+        if self._report is not None:
+            # runsc's own status is the supervisor's; the command's is its
+            # report. No report: killed from the host (a signal to unshare,
+            # which the cgroup holds) or runsc could not start.
+            rc = self._status
+            if rc is None and self.proc.returncode is not None and self.proc.returncode < 0:
+                rc = self.proc.returncode
+            if rc is None and not timed_out and not interrupted and not oom:
+                tail = _runsc_log(os.path.join(self.base, "runsc.log")).strip().splitlines()[-1:]
+                message = "cannot start runsc: " + (
+                    tail[0].decode("utf-8", "replace")[-300:] if tail else "no report"
+                )
+        elif rc == 128 and not timed_out and not interrupted:
             rc = exec_failure(_runsc_log(os.path.join(self.base, "exec.log"))) or rc
         code, reason = decide_exit(
             rc=rc, oom_kills=oom, timed_out=timed_out, interrupted=interrupted
@@ -908,6 +963,7 @@ class GVisorSandbox(CgroupProcessHandle):
             layers=dict(self._layers),
             oom_kills=oom,
             pids_limit_hits=hits,
+            message=message,
         )
 
     def close(self) -> None:

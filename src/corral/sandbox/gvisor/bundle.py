@@ -22,7 +22,9 @@ __all__ = [
     "COUNT_REQUEST",
     "HOLDER_READY",
     "MAX_LEFT",
+    "MAX_REPORT",
     "PLATFORMS",
+    "REPORT_DIR",
     "SYNTHETIC_ETC",
     "BundlePlan",
     "build_config",
@@ -31,7 +33,9 @@ __all__ = [
     "holder",
     "mount_points",
     "parse_left",
+    "parse_report",
     "runsc_argv",
+    "supervisor",
 ]
 
 #: gVisor platforms, best first.
@@ -52,30 +56,62 @@ TRUST_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 #: and PPid win, and the read stops at a Uid line only after a TracerPid line, a
 #: pair a name's 15 bytes cannot forge (16 with its newlines). dash reads a byte
 #: per system call: stopping there halves the count's cost.
-_HOLDER_SCRIPT = """exec 2>/dev/null 3<&0 0</dev/null
+_COUNT = """n=0
+for d in /proc/[0-9]*; do
+  u= p= s= t=
+  {{
+    while read -r k v _; do
+      case $k in
+        State:) s=$v ;;
+        PPid:) p=$v ;;
+        TracerPid:) t=1 ;;
+        Uid:) u=$v; [ -n "$t" ] && break ;;
+      esac
+    done <"$d/status"
+  }} 2>/dev/null
+  [ "$u" = {uid} ] && [ "$p" != 0 ] && [ "$s" != Z ] && n=$((n + 1))
+done
+"""
+_HOLDER_SCRIPT = (
+    """exec 2>/dev/null 3<&0 0</dev/null
 {{
   read -r _ <&3
-  n=0
-  for d in /proc/[0-9]*; do
-    u= p= s= t=
-    {{
-      while read -r k v _; do
-        case $k in
-          State:) s=$v ;;
-          PPid:) p=$v ;;
-          TracerPid:) t=1 ;;
-          Uid:) u=$v; [ -n "$t" ] && break ;;
-        esac
-      done <"$d/status"
-    }} 2>/dev/null
-    [ "$u" = {uid} ] && [ "$p" != 0 ] && [ "$s" != Z ] && n=$((n + 1))
-  done
-  echo "left $n"
+"""
+    + _COUNT
+    + """  echo "left $n"
 }} &
 exec 3<&-
 echo ready
 while :; do sleep 100000 & wait; done
 """
+)
+#: Without a network hook to attach first, the container's own process runs the
+#: command itself (no `runsc exec`): a shell as uid 0 with only the capabilities
+#: setpriv needs to become the command's uid with none at all (and an empty
+#: bounding set) under no_new_privs. The command runs in the foreground with the
+#: container's stdio, so dash's wait reaps what it orphans; when it exits the
+#: supervisor counts what it left (as the holder does; the command's processes
+#: now have the supervisor as a parent, reaped, so "parent inside" is the same
+#: rule) and writes "exit S left N" to a file in REPORT_DIR, a host directory
+#: only root may open (0700; the command's uid cannot), then exits, and gVisor
+#: ends the sandbox. Its descriptor to that file is closed for the command.
+_SUPERVISOR_SCRIPT = (
+    """unset IFS
+exec 3>{report}/status || exit 125
+/usr/bin/setpriv --reuid={uid} --regid={gid} --clear-groups --inh-caps=-all \\
+  --bounding-set=-all -- "$@" 3>&-
+st=$?
+"""
+    + _COUNT
+    + """echo "exit $st left $n" >&3
+"""
+)
+#: Where the supervisor's report directory is mounted inside.
+REPORT_DIR = "/run/corral-report"
+_SUPERVISOR_CAPS = ["CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"]
+_REPORT_RE = re.compile(rb"exit (\d{1,3}) left (\d{1,9})\n")
+#: The longest report `parse_report` accepts.
+MAX_REPORT = 64
 #: What the holder writes on its stdout once it runs.
 HOLDER_READY = b"ready\n"
 #: What the host writes on the holder's stdin to ask for the count.
@@ -88,6 +124,21 @@ _LEFT_RE = re.compile(rb"left (\d{1,9})\n")
 def holder(uid: int) -> tuple[str, ...]:
     """The holder's argv, counting leftovers of `uid` (pure)."""
     return ("/bin/sh", "-c", _HOLDER_SCRIPT.format(uid=int(uid)))
+
+
+def supervisor(uid: int, gid: int, argv: tuple[str, ...]) -> tuple[str, ...]:
+    """The supervisor's argv: it runs `argv` as `uid`:`gid` (pure)."""
+    script = _SUPERVISOR_SCRIPT.format(report=REPORT_DIR, uid=int(uid), gid=int(gid))
+    return ("/bin/sh", "-c", script, "corral-supervisor", *argv)
+
+
+def parse_report(report: bytes) -> tuple[int, int] | None:
+    """(the command's status, processes it left) from the supervisor's report, or
+    None unless it is exactly one "exit S left N" line with S <= 255 (pure)."""
+    m = _REPORT_RE.fullmatch(report)
+    if m is None or int(m.group(1)) > 255:
+        return None
+    return int(m.group(1)), int(m.group(2))
 
 
 def parse_left(answer: bytes) -> int | None:
@@ -116,6 +167,9 @@ class BundlePlan:
     netns_path: str | None = None
     #: A prepared /etc (gvisor.etcdir), bound whole; None: one bind per entry.
     etc_dir: str | None = None
+    #: The supervisor's host report directory: the container's process runs the
+    #: command itself (see supervisor()); None: the holder, and `runsc exec`.
+    report_dir: str | None = None
 
 
 def _depth_key(bind: StagedBind) -> tuple[int, str]:
@@ -163,9 +217,20 @@ def build_config(plan: BundlePlan) -> dict[str, object]:
         mounts.append(_bind(spec.network.trust_bundle, TRUST_BUNDLE, False))
     for b in sorted((*plan.binds, *plan.protect_binds), key=_depth_key):
         mounts.append(_bind(b.source, b.dest, b.writable))
-    # The container's own process is the holder (see holder()); the command is
-    # `runsc exec`ed beside it (`command_process`).
-    process = _process(list(holder(plan.uid)), ["PATH=/usr/bin:/bin"], "/", 0, 0)
+    if plan.report_dir is not None:
+        mounts.append(_bind(plan.report_dir, REPORT_DIR, True))
+        process = _process(
+            list(supervisor(plan.uid, plan.gid, spec.argv)),
+            [f"{k}={v}" for k, v in spec.env],
+            spec.workspace,
+            0,
+            0,
+            caps=_SUPERVISOR_CAPS,
+        )
+    else:
+        # The container's own process is the holder (see holder()); the
+        # command is `runsc exec`ed beside it (`command_process`).
+        process = _process(list(holder(plan.uid)), ["PATH=/usr/bin:/bin"], "/", 0, 0)
     if spec.limits.pids is not None:
         # The sentry enforces RLIMIT_NPROC per uid, and `runsc exec` gives the
         # command the container's rlimits (not its own process's): the
@@ -193,8 +258,16 @@ def build_config(plan: BundlePlan) -> dict[str, object]:
     }
 
 
-def _process(args: list[str], env: list[str], cwd: str, uid: int, gid: int) -> dict[str, object]:
-    no_caps: list[str] = []
+def _process(
+    args: list[str],
+    env: list[str],
+    cwd: str,
+    uid: int,
+    gid: int,
+    *,
+    caps: list[str] | None = None,
+) -> dict[str, object]:
+    no_caps: list[str] = list(caps or ())
     return {
         "terminal": False,
         "user": {"uid": uid, "gid": gid, "additionalGids": []},
@@ -204,9 +277,9 @@ def _process(args: list[str], env: list[str], cwd: str, uid: int, gid: int) -> d
         "capabilities": {
             "bounding": no_caps,
             "effective": list(no_caps),
-            "inheritable": list(no_caps),
+            "inheritable": [],
             "permitted": list(no_caps),
-            "ambient": list(no_caps),
+            "ambient": [],
         },
         "noNewPrivileges": True,
     }
