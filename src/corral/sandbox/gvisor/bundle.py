@@ -55,9 +55,11 @@ TRUST_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 #: only sandbox text in a status file and comes first, unescaped: the last State
 #: and PPid win, and the read stops at a Uid line only after a TracerPid line, a
 #: pair a name's 15 bytes cannot forge (16 with its newlines). dash reads a byte
-#: per system call: stopping there halves the count's cost.
+#: per system call (each a trap on ptrace): stopping there halves the count's
+#: cost, and pid 1 (the holder or the supervisor, uid 0) is not read at all.
 _COUNT = """n=0
 for d in /proc/[0-9]*; do
+  [ "$d" = /proc/1 ] && continue
   u= p= s= t=
   {{
     while read -r k v _; do
