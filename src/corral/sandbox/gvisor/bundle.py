@@ -98,11 +98,14 @@ while :; do sleep 100000 & wait; done
 #: only root may open (0700; the command's uid cannot), then exits, and gVisor
 #: ends the sandbox. Its descriptor to that file is closed for the command.
 _SUPERVISOR_SCRIPT = (
-    """unset IFS
-exec 3>{report}/status || exit 125
+    """exec 3>{report}/status || exit 125
+{pwd}
+{ifs}
+shift
 /usr/bin/setpriv --reuid={uid} --regid={gid} --clear-groups --inh-caps=-all \\
   --bounding-set=-all -- "$@" 3>&-
 st=$?
+unset IFS
 """
     + _COUNT
     + """echo "exit $st left $n" >&3
@@ -128,10 +131,26 @@ def holder(uid: int) -> tuple[str, ...]:
     return ("/bin/sh", "-c", _HOLDER_SCRIPT.format(uid=int(uid)))
 
 
-def supervisor(uid: int, gid: int, argv: tuple[str, ...]) -> tuple[str, ...]:
-    """The supervisor's argv: it runs `argv` as `uid`:`gid` (pure)."""
-    script = _SUPERVISOR_SCRIPT.format(report=REPORT_DIR, uid=int(uid), gid=int(gid))
-    return ("/bin/sh", "-c", script, "corral-supervisor", *argv)
+def supervisor(
+    uid: int, gid: int, argv: tuple[str, ...], env: tuple[tuple[str, str], ...] = ()
+) -> tuple[str, ...]:
+    """The supervisor's argv: it runs `argv` as `uid`:`gid` (pure).
+
+    The command gets `env` exactly: dash exports a PWD of its own when the
+    environment has none and rewrites the PWD and IFS it finds, so the script
+    unsets them or sets them back to `env`'s values, passed as $0 and $1
+    (data, never script text).
+    """
+    values = dict(env)
+    pwd, ifs = values.get("PWD"), values.get("IFS")
+    script = _SUPERVISOR_SCRIPT.format(
+        report=REPORT_DIR,
+        uid=int(uid),
+        gid=int(gid),
+        pwd="unset PWD" if pwd is None else "PWD=$0",
+        ifs="unset IFS" if ifs is None else "IFS=$1",
+    )
+    return ("/bin/sh", "-c", script, pwd or "corral-supervisor", ifs or "", *argv)
 
 
 def parse_report(report: bytes) -> tuple[int, int] | None:
@@ -222,7 +241,7 @@ def build_config(plan: BundlePlan) -> dict[str, object]:
     if plan.report_dir is not None:
         mounts.append(_bind(plan.report_dir, REPORT_DIR, True))
         process = _process(
-            list(supervisor(plan.uid, plan.gid, spec.argv)),
+            list(supervisor(plan.uid, plan.gid, spec.argv, spec.env)),
             [f"{k}={v}" for k, v in spec.env],
             spec.workspace,
             0,
