@@ -1,11 +1,13 @@
 """The gvisor backend against bare runsc and against the namespace backend, in the same run.
 
 - `corral exec --backend gvisor -- true` vs `runsc --network=none do true`
-  (target: <= 1.2x);
+  (target: <= 1.2x), through the Python CLI and through the compiled front end
+  and resident launcher (built and started here, on a private socket), all
+  interleaved with bare runsc in the root cgroup and in a `corral/` cgroup;
 - a CPU-bound loop and a syscall-heavy `git status` on a generated tree,
   gvisor vs namespace.
 
-Prints the median of each and the ratios.
+Prints the median of each, the ratios and the load (`uptime`) before and after.
 
     .venv/bin/python bench/gvisor.py [--runs 11] [--files 3000]
 """
@@ -13,9 +15,13 @@ Prints the median of each and the ratios.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
+import signal
+import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -30,8 +36,10 @@ REPO = Path(__file__).resolve().parent.parent
 CPU = "i=0\nwhile [ $i -lt 200000 ]; do i=$((i+1)); done"
 
 
-def _once(argv: list[str], cwd: str, attach: list[int] | None = None) -> float:
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+def _once(
+    argv: list[str], cwd: str, attach: list[int] | None = None, env: dict[str, str] | None = None
+) -> float:
+    env = {**(env or os.environ), "PYTHONPATH": str(REPO / "src")}
 
     def join() -> None:
         for fd in attach or ():
@@ -58,14 +66,15 @@ def _median(argv: list[str], runs: int, cwd: str) -> float:
     return statistics.median(_once(argv, cwd) for _ in range(runs))
 
 
-def _interleaved(
-    cases: list[tuple[list[str], list[int] | None]], runs: int, cwd: str
-) -> list[float]:
+Case = tuple[list[str], list[int] | None, dict[str, str] | None]
+
+
+def _interleaved(cases: list[Case], runs: int, cwd: str) -> list[float]:
     """Medians of each case, the cases run in turn each round (the load drifts alike)."""
     times: list[list[float]] = [[] for _ in cases]
     for _ in range(runs):
-        for i, (argv, attach) in enumerate(cases):
-            times[i].append(_once(argv, cwd, attach))
+        for i, (argv, attach, env) in enumerate(cases):
+            times[i].append(_once(argv, cwd, attach, env))
     return [statistics.median(t) for t in times]
 
 
@@ -82,11 +91,9 @@ def _bench_cgroup() -> Cgroup | None:
     return _Cgroup.create(layout, f"corral/bench-gv-{os.getpid()}", Limits())
 
 
-def _corral(backend: str, ws: str, *cmd: str) -> list[str]:
+def _corral(backend: str, ws: str, *cmd: str, front: list[str] | None = None) -> list[str]:
     return [
-        sys.executable,
-        "-m",
-        "corral",
+        *(front or [sys.executable, "-m", "corral"]),
         "exec",
         "--backend",
         backend,
@@ -95,6 +102,41 @@ def _corral(backend: str, ws: str, *cmd: str) -> list[str]:
         "--",
         *cmd,
     ]
+
+
+def _frontend(tmp: str) -> tuple[list[str], dict[str, str]] | None:
+    """The front end's argv prefix and environment (its own launcher socket), warmed up."""
+    from corral.exec.frontend import build
+
+    exe = os.path.join(tmp, "corral")
+    try:
+        build(exe)
+    except OSError as exc:
+        print(f"front end not built: {exc}")
+        return None
+    sock_dir = tempfile.mkdtemp(prefix="cgl-", dir="/tmp")  # 0700; sun_path is short
+    env = {**os.environ, "CORRAL_LAUNCHER_SOCKET": os.path.join(sock_dir, "l.sock")}
+    # The first call falls back to the Python CLI and starts the launcher.
+    subprocess.run([exe, "exec", "--", "true"], env=env, cwd=tmp, check=False)
+    env["CORRAL_LAUNCHER"] = "require"
+    for _ in range(100):
+        if os.path.exists(env["CORRAL_LAUNCHER_SOCKET"]):
+            break
+        time.sleep(0.1)
+    return [exe], env
+
+
+def _stop_launcher(env: dict[str, str]) -> None:
+    path = env["CORRAL_LAUNCHER_SOCKET"]
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as s:
+        s.connect(path)
+        raw = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        os.kill(struct.unpack("3i", raw)[0], signal.SIGTERM)
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
+def _load() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
 
 
 def _tree(ws: Path, files: int) -> None:
@@ -121,25 +163,38 @@ def main() -> int:
         ws.mkdir()
         rows: list[tuple[str, float, float, float]] = []
         do = [runsc, "--network=none", "--platform=ptrace", "do", "true"]
+        load_before = _load()
         cg = _bench_cgroup()
         fds = cg.open_attach_fds() if cg is not None else []
+        fe = _frontend(tmp)
         try:
-            cases: list[tuple[list[str], list[int] | None]] = [
-                (do, None),
-                (_corral("gvisor", str(ws), "true"), None),
+            cases: list[Case] = [
+                (do, None, None),
+                (_corral("gvisor", str(ws), "true"), None, None),
             ]
+            if fe is not None:
+                cases.append((_corral("gvisor", str(ws), "true", front=fe[0]), None, fe[1]))
             if fds:
-                cases.append((do, fds))
-            bare, gv, *in_cg = _interleaved(cases, args.runs, tmp)
+                cases.append((do, fds, None))
+            bare, gv, *rest = _interleaved(cases, args.runs, tmp)
         finally:
             for fd in fds:
                 os.close(fd)
             if cg is not None:
                 cg.remove()
+            if fe is not None:
+                _stop_launcher(fe[1])
+        gv_fe = rest.pop(0) if fe is not None else None
+        in_cg = rest[0] if rest else None
         rows.append(("true: gvisor vs bare runsc do", gv, bare, gv / bare))
-        if in_cg:
+        if in_cg is not None:
             name = "true: gvisor vs bare runsc do in a corral/ cgroup"
-            rows.append((name, gv, in_cg[0], gv / in_cg[0]))
+            rows.append((name, gv, in_cg, gv / in_cg))
+        if gv_fe is not None:
+            rows.append(("true: gvisor (front end) vs bare runsc do", gv_fe, bare, gv_fe / bare))
+            if in_cg is not None:
+                name = "true: gvisor (front end) vs bare runsc do in a corral/ cgroup"
+                rows.append((name, gv_fe, in_cg, gv_fe / in_cg))
         ns = _median(_corral("namespace", str(ws), "true"), args.runs, tmp)
         rows.append(("true: gvisor vs namespace", gv, ns, gv / ns))
         gv = _median(_corral("gvisor", str(ws), "sh", "-c", CPU), args.runs, tmp)
@@ -151,6 +206,8 @@ def main() -> int:
         ns = _median(_corral("namespace", str(ws), *st), args.runs, tmp)
         rows.append((f"git status ({args.files} files): gvisor vs namespace", gv, ns, gv / ns))
     width = max(len(r[0]) for r in rows)
+    print(f"load before: {load_before}")
+    print(f"load after:  {_load()}")
     print(f"median of {args.runs} runs each (seconds)")
     for name, a, b, ratio in rows:
         print(f"{name:<{width}}  {a:7.3f}  {b:7.3f}  {ratio:5.2f}x")

@@ -8,7 +8,6 @@ import signal
 from corral.sandbox.bwrap import StagedBind
 from corral.sandbox.gvisor import bundle as bd
 from corral.sandbox.gvisor.backend import RUNSC_TASKS, TASKS_PER_PROCESS, cgroup_limits, decide_exit
-from corral.sandbox.gvisor.ps import parse_ps_table
 from corral.sandbox.spec import Bind, Limits, SandboxSpec
 
 SPEC = SandboxSpec(
@@ -68,7 +67,7 @@ GOLDEN: dict[str, object] = {
     "process": {
         "terminal": False,
         "user": {"uid": 0, "gid": 0, "additionalGids": []},
-        "args": list(bd.HOLDER),
+        "args": list(bd.holder(1000)),
         "env": ["PATH=/usr/bin:/bin"],
         "cwd": "/",
         "capabilities": _NO_CAPS,
@@ -135,19 +134,12 @@ def test_holder_is_not_the_commands_uid() -> None:
     assert holder["capabilities"] == _NO_CAPS
 
 
-def test_leftovers_from_the_ps_table() -> None:
-    table = (
-        b"UID       PID       PPID      C         TTY       STIME     TIME      CMD\n"
-        b"0         1         0         1         ?         11:03     30ms      sh\n"
-        b"0         2         1         1         ?         11:03     20ms      sleep\n"
-        b"1000      4         1         3         ?         11:03     30ms      sleep 1 0 0\n"
-        b"1000      5         4         3         ?         11:03     30ms      x\n"
-        b"1000      7         0         5         ?         11:03     50ms      python3\n"
-    )
-    assert parse_ps_table(table, 1000) == 2  # not the holder's, not an exec'd forwarder
-    assert parse_ps_table(b"", 1000) is None
-    assert parse_ps_table(table.replace(b"1000      5", b"10x0      5"), 1000) is None
-    assert parse_ps_table(b"UID PID PPID\n" + b"1000 3 1\n" * (1 << 17), 1000) is None
+def test_leftover_answer_is_one_bounded_decimal_line() -> None:
+    assert bd.parse_left(b"left 2\n") == 2
+    assert bd.parse_left(b"left 0\n") == 0
+    for bad in (b"", b"left 2", b"left -1\n", b"left 2\nleft 0\n", b"left 1234567890\n"):
+        assert bd.parse_left(bad) is None
+    assert len(b"left 999999999\n") <= bd.MAX_LEFT
 
 
 def test_no_host_path_but_the_allowed_ones() -> None:

@@ -48,7 +48,7 @@ from corral.sandbox.cgroup import Cgroup, CgroupLayout, detect_layout, sweep_sta
 from corral.sandbox.gvisor import bundle as bd
 from corral.sandbox.gvisor import hostuid
 from corral.sandbox.gvisor.nproc import SentryRefusals
-from corral.sandbox.gvisor.ps import Located, leftover_count, runsc_argv, sandbox_pid1
+from corral.sandbox.gvisor.ps import Located, runsc_argv, sandbox_pid1
 from corral.sandbox.gvisor.stdio import StdioRelay
 from corral.sandbox.gvisor.version import release_date
 from corral.sandbox.handle import CgroupProcessHandle
@@ -342,6 +342,10 @@ class GVisorBackend:
         if spec.network.needs_broker and network is None:
             raise LayerUnavailableError("egress", "the spec needs a broker and none was attached")
         with_net = network is not None
+        # Nothing to attach before the command runs: the container's own
+        # process runs it (bundle.supervisor), no `runsc exec`. As root only:
+        # the report directory's owner must be the sandbox's root.
+        supervised = not with_net and self.is_root
         if with_net:
             from corral.sandbox.gvisor import net as gnet
             from corral.sandbox.spec import SANDBOX_PROXY_PORT
@@ -401,6 +405,7 @@ class GVisorBackend:
                 netns_path="/proc/self/ns/net" if with_net else None,
                 # As root, /etc is built once and bound whole (gvisor.etcdir).
                 etc_dir=os.path.join(base, "bundle", "etc") if self.is_root else None,
+                report_dir=os.path.join(base, "report") if supervised else None,
             )
             _write_bundle(base, plan)
             etc_binds: list[tuple[str, str]] = []
@@ -502,9 +507,9 @@ class GVisorBackend:
             # The holder's stdio are pipes, never a host file: runsc re-owns
             # the container's stdio descriptors, and a host /dev/null handed
             # to it came back owned by nobody and re-moded from inside.
+            # The write end asks the holder for the leftover count (bundle.holder).
             hold_in, hold_in_w = os.pipe()
-            os.close(hold_in_w)
-            fds.append(hold_in)
+            fds += [hold_in, hold_in_w]
             proc: subprocess.Popen[bytes] | None = None
             try:
                 # Popen's fork must not be orphaned by an interrupt (sandbox.interrupts).
@@ -513,11 +518,14 @@ class GVisorBackend:
                         # preexec_fn: raw syscalls only (see NamespaceSandbox.start).
                         # runsc's own errors go to its --log; the holder's stdout
                         # says when the sandbox runs.
+                        child_stdio = (
+                            relay.child_fds() if supervised else (hold_in, ready_w, ready_w)
+                        )
                         proc = subprocess.Popen(
                             argv,
-                            stdin=hold_in,
-                            stdout=ready_w,
-                            stderr=ready_w,
+                            stdin=child_stdio[0],
+                            stdout=child_stdio[1],
+                            stderr=child_stdio[2],
                             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
                             preexec_fn=child_setup,  # noqa: PLW1509
                             close_fds=True,
@@ -570,20 +578,26 @@ class GVisorBackend:
                         link.close()
                     os.close(block_w)
             located = Located(runsc, os.path.join(base, "state"), name, proc.pid)
+            command = proc
             try:
-                _await_holder(ready_r, proc, os.path.join(base, "runsc.log"))
-                if link is not None:
-                    for relay_sock in link.start_relays():
-                        relay_sock.close()
-                command = _exec_command(located, bd.command_process(plan), base, attach_fds, relay)
+                if not supervised:
+                    _await_holder(ready_r, proc, os.path.join(base, "runsc.log"))
+                    if link is not None:
+                        for relay_sock in link.start_relays():
+                            relay_sock.close()
+                    command = _exec_command(
+                        located, bd.command_process(plan), base, attach_fds, relay
+                    )
             except BaseException:
                 self._abort(proc, cgroup, relay)
                 raise
             relay.started()
             sandbox = GVisorSandbox(
                 proc=command,
-                holder=proc,
+                holder=None if supervised else proc,
                 located=located,
+                counter=None if supervised else (hold_in_w, ready_r),
+                report=plan.report_dir,
                 cgroup=cgroup,
                 layers=layers,
                 started=started,
@@ -594,6 +608,9 @@ class GVisorBackend:
                 refusals=refusals,
                 lease=lease,
             )
+            if not supervised:
+                fds.remove(hold_in_w)
+                fds.remove(ready_r)
             cgroup = None
             placeholders = None
             refusals = None
@@ -639,6 +656,41 @@ def _await_holder(ready_r: int, proc: subprocess.Popen[bytes], log: str) -> None
         tail = _runsc_log(log).strip().splitlines()[-1:]
         detail = tail[0].decode("utf-8", "replace")[-300:] if tail else f"exit {proc.returncode}"
         raise SandboxStartError(0, f"cannot start runsc: {detail}")
+
+
+#: How long the holder may take to count what the command left.
+_COUNT_S = 10.0
+
+
+def ask_count(request_w: int, answer_r: int, timeout_s: float) -> int | None:
+    """Ask the holder for the leftover count; None when it does not answer in time.
+
+    The answer is read from a pipe only runsc's host process and the holder
+    (another uid than the command's) hold, and only "left N\\n" is accepted.
+    """
+    try:
+        os.write(request_w, bd.COUNT_REQUEST)
+    except OSError:
+        return None
+    got = b""
+    deadline = time.monotonic() + timeout_s
+    while not got.endswith(b"\n") and len(got) < bd.MAX_LEFT:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([answer_r], [], [], left)[0]:
+            return None
+        chunk = os.read(answer_r, bd.MAX_LEFT - len(got))
+        if not chunk:
+            return None
+        got += chunk
+    return bd.parse_left(got)
+
+
+def _read_report(path: str) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(bd.MAX_REPORT + 1)
+    except OSError:
+        return b""
 
 
 def exec_argv(target: Located, pid1: int, process_json: str, log_file: str) -> list[str]:
@@ -718,6 +770,9 @@ def _write_bundle(base: str, plan: bd.BundlePlan) -> None:
     os.makedirs(os.path.join(base, "state"), mode=0o700)
     os.makedirs(rootfs, mode=0o755)
     os.makedirs(plan.files_dir, mode=0o755)
+    if plan.report_dir is not None:
+        # Only root opens it: the command's uid inside cannot (see bundle.supervisor).
+        os.mkdir(plan.report_dir, 0o700)
     # The gofer opens these as root and the sentry reads them: world-readable,
     # owned by root, in a directory only root can write.
     for name, data in _synthetic(plan.spec).items():
@@ -741,9 +796,13 @@ class GVisorSandbox(CgroupProcessHandle):
     cpu, memory, OOM kills and pids-limit hits are the kernel's counters of
     the cgroup that holds runsc, the sentry and the gofer. `proc` is the
     command's `runsc exec` (its status is the command's, from the sentry);
-    `holder` is `runsc run`, whose container process (bundle.HOLDER) keeps
-    the sandbox alive after the command exits, so the host counts what the
-    command left with `runsc ps` (the sentry's list) before it kills them.
+    Without a network hook `proc` is `runsc run` itself, whose container
+    process (bundle.supervisor) runs the command and writes its status and
+    leftover count to `report`, a directory the command cannot open. Else
+    `holder` is `runsc run`, whose container process (bundle.holder) keeps
+    the sandbox alive after the command exits and, asked over `counter`
+    (its stdin's write end, its stdout's read end), counts what the command
+    left from the sentry's /proc before the host kills them.
     """
 
     def __init__(
@@ -752,6 +811,8 @@ class GVisorSandbox(CgroupProcessHandle):
         proc: subprocess.Popen[bytes],
         holder: subprocess.Popen[bytes] | None = None,
         located: Located | None = None,
+        counter: tuple[int, int] | None = None,
+        report: str | None = None,
         cgroup: Cgroup | None,
         layers: dict[str, object],
         started: float,
@@ -767,11 +828,18 @@ class GVisorSandbox(CgroupProcessHandle):
         self._lease = lease
         self.holder = holder
         self._located = located
+        self._counter = counter
+        self._report = report
+        self._status: int | None = None
         self._leftovers = 0
         self._relay = relay
         self.cgroup = cgroup
         self._layers = layers
-        self._layers["leftovers"] = "counted by runsc ps before teardown"
+        self._layers["leftovers"] = (
+            "counted by the holder before teardown"
+            if report is None
+            else "counted by the supervisor when the command exited"
+        )
         self.started = started
         self.base = base
         self.runsc = runsc
@@ -794,11 +862,18 @@ class GVisorSandbox(CgroupProcessHandle):
                 self.holder.kill()
 
     def _count_leftovers(self) -> None:
-        if self._located is None:
+        if self._report is not None:
+            got = bd.parse_report(_read_report(os.path.join(self._report, "status")))
+            if got is None:
+                self._layers["leftovers"] = "the supervisor did not report; not counted"
+                return
+            self._status, self._leftovers = got
             return
-        n = leftover_count(self._located, INSIDE_UID)
+        if self._counter is None:
+            return
+        n = ask_count(*self._counter, _COUNT_S)
         if n is None:
-            self._layers["leftovers"] = "runsc ps did not answer; not counted"
+            self._layers["leftovers"] = "the holder did not answer; not counted"
         self._leftovers = n or 0
 
     def _freezer(self) -> str:
@@ -854,7 +929,20 @@ class GVisorSandbox(CgroupProcessHandle):
         usage = self.usage()
         oom = usage.oom_kills if usage else 0
         rc = self.proc.returncode
-        if rc == 128 and not timed_out and not interrupted:
+        message = ""
+        if self._report is not None:
+            # runsc's own status is the supervisor's; the command's is its
+            # report. No report: killed from the host (a signal to unshare,
+            # which the cgroup holds) or runsc could not start.
+            rc = self._status
+            if rc is None and self.proc.returncode is not None and self.proc.returncode < 0:
+                rc = self.proc.returncode
+            if rc is None and not timed_out and not interrupted and not oom:
+                tail = _runsc_log(os.path.join(self.base, "runsc.log")).strip().splitlines()[-1:]
+                message = "cannot start runsc: " + (
+                    tail[0].decode("utf-8", "replace")[-300:] if tail else "no report"
+                )
+        elif rc == 128 and not timed_out and not interrupted:
             rc = exec_failure(_runsc_log(os.path.join(self.base, "exec.log"))) or rc
         code, reason = decide_exit(
             rc=rc, oom_kills=oom, timed_out=timed_out, interrupted=interrupted
@@ -875,6 +963,7 @@ class GVisorSandbox(CgroupProcessHandle):
             layers=dict(self._layers),
             oom_kills=oom,
             pids_limit_hits=hits,
+            message=message,
         )
 
     def close(self) -> None:
@@ -892,6 +981,9 @@ class GVisorSandbox(CgroupProcessHandle):
                 self.cgroup.remove()
                 emptied = True
         finally:
+            for fd in self._counter or ():
+                with contextlib.suppress(OSError):
+                    os.close(fd)
             if self._relay is not None:
                 self._relay.close(1.0)
             # Every runsc process is dead (the cgroup is empty): the state

@@ -12,22 +12,30 @@ workspace below /tmp or /home lands on top of the fresh tmpfs.
 from __future__ import annotations
 
 import posixpath
+import re
 from dataclasses import dataclass
 
 from corral.sandbox.bwrap import StagedBind
 from corral.sandbox.spec import SandboxSpec
 
 __all__ = [
-    "HOLDER",
+    "COUNT_REQUEST",
     "HOLDER_READY",
+    "MAX_LEFT",
+    "MAX_REPORT",
     "PLATFORMS",
+    "REPORT_DIR",
     "SYNTHETIC_ETC",
     "BundlePlan",
     "build_config",
     "choose_platform",
     "command_process",
+    "holder",
     "mount_points",
+    "parse_left",
+    "parse_report",
     "runsc_argv",
+    "supervisor",
 ]
 
 #: gVisor platforms, best first.
@@ -37,17 +45,129 @@ SYNTHETIC_ETC: tuple[str, ...] = ("passwd", "group", "hosts")
 #: Where `NetworkSpec.trust_bundle` is shown (as `namespace.SYSTEM_TRUST_BUNDLE`).
 TRUST_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 #: The container's pid 1: uid 0 without capabilities, so the command (another
-#: uid, no capabilities) can neither signal nor ptrace it; gVisor would end the
-#: sandbox, and kill the command's other processes uncounted, when it exits.
-#: It says "ready" once it runs; while it waits for its sleep, dash's wait
-#: reaps any child, so what the command orphans does not linger as zombies.
-HOLDER: tuple[str, ...] = (
-    "/bin/sh",
-    "-c",
-    "echo ready; while :; do sleep 100000 & wait; done",
+#: uid, no capabilities) can neither signal nor ptrace it nor open its
+#: descriptors; gVisor would end the sandbox, and kill the command's other
+#: processes uncounted, when it exits. dash's wait reaps any child, so what the
+#: command orphans does not linger as zombies. Its child (uid 0 too) answers the
+#: host's one request with the leftover count: live processes of the command's
+#: uid whose parent is inside (`runsc exec`ed ones have parent 0), from the
+#: sentry's /proc, with no host process started for it. A process name is the
+#: only sandbox text in a status file and comes first, unescaped: the last State
+#: and PPid win, and the read stops at a Uid line only after a TracerPid line, a
+#: pair a name's 15 bytes cannot forge (16 with its newlines). dash reads a byte
+#: per system call (each a trap on ptrace): stopping there halves the count's
+#: cost, and pid 1 (the holder or the supervisor, uid 0) is not read at all.
+_COUNT = """n=0
+for d in /proc/[0-9]*; do
+  [ "$d" = /proc/1 ] && continue
+  u= p= s= t=
+  {{
+    while read -r k v _; do
+      case $k in
+        State:) s=$v ;;
+        PPid:) p=$v ;;
+        TracerPid:) t=1 ;;
+        Uid:) u=$v; [ -n "$t" ] && break ;;
+      esac
+    done <"$d/status"
+  }} 2>/dev/null
+  [ "$u" = {uid} ] && [ "$p" != 0 ] && [ "$s" != Z ] && n=$((n + 1))
+done
+"""
+_HOLDER_SCRIPT = (
+    """exec 2>/dev/null 3<&0 0</dev/null
+{{
+  read -r _ <&3
+"""
+    + _COUNT
+    + """  echo "left $n"
+}} &
+exec 3<&-
+echo ready
+while :; do sleep 100000 & wait; done
+"""
 )
+#: Without a network hook to attach first, the container's own process runs the
+#: command itself (no `runsc exec`): a shell as uid 0 with only the capabilities
+#: setpriv needs to become the command's uid with none at all (and an empty
+#: bounding set) under no_new_privs. The command runs in the foreground with the
+#: container's stdio, so dash's wait reaps what it orphans; when it exits the
+#: supervisor counts what it left (as the holder does; the command's processes
+#: now have the supervisor as a parent, reaped, so "parent inside" is the same
+#: rule) and writes "exit S left N" to a file in REPORT_DIR, a host directory
+#: only root may open (0700; the command's uid cannot), then exits, and gVisor
+#: ends the sandbox. Its descriptor to that file is closed for the command.
+_SUPERVISOR_SCRIPT = (
+    """exec 3>{report}/status || exit 125
+{pwd}
+{ifs}
+shift
+/usr/bin/setpriv --reuid={uid} --regid={gid} --clear-groups --inh-caps=-all \\
+  --bounding-set=-all -- "$@" 3>&-
+st=$?
+unset IFS
+"""
+    + _COUNT
+    + """echo "exit $st left $n" >&3
+"""
+)
+#: Where the supervisor's report directory is mounted inside.
+REPORT_DIR = "/run/corral-report"
+_SUPERVISOR_CAPS = ["CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"]
+_REPORT_RE = re.compile(rb"exit (\d{1,3}) left (\d{1,9})\n")
+#: The longest report `parse_report` accepts.
+MAX_REPORT = 64
 #: What the holder writes on its stdout once it runs.
 HOLDER_READY = b"ready\n"
+#: What the host writes on the holder's stdin to ask for the count.
+COUNT_REQUEST = b"count\n"
+#: The longest answer `parse_left` accepts.
+MAX_LEFT = 32
+_LEFT_RE = re.compile(rb"left (\d{1,9})\n")
+
+
+def holder(uid: int) -> tuple[str, ...]:
+    """The holder's argv, counting leftovers of `uid` (pure)."""
+    return ("/bin/sh", "-c", _HOLDER_SCRIPT.format(uid=int(uid)))
+
+
+def supervisor(
+    uid: int, gid: int, argv: tuple[str, ...], env: tuple[tuple[str, str], ...] = ()
+) -> tuple[str, ...]:
+    """The supervisor's argv: it runs `argv` as `uid`:`gid` (pure).
+
+    The command gets `env` exactly: dash exports a PWD of its own when the
+    environment has none and rewrites the PWD and IFS it finds, so the script
+    unsets them or sets them back to `env`'s values, passed as $0 and $1
+    (data, never script text).
+    """
+    values = dict(env)
+    pwd, ifs = values.get("PWD"), values.get("IFS")
+    script = _SUPERVISOR_SCRIPT.format(
+        report=REPORT_DIR,
+        uid=int(uid),
+        gid=int(gid),
+        pwd="unset PWD" if pwd is None else "PWD=$0",
+        ifs="unset IFS" if ifs is None else "IFS=$1",
+    )
+    return ("/bin/sh", "-c", script, pwd or "corral-supervisor", ifs or "", *argv)
+
+
+def parse_report(report: bytes) -> tuple[int, int] | None:
+    """(the command's status, processes it left) from the supervisor's report, or
+    None unless it is exactly one "exit S left N" line with S <= 255 (pure)."""
+    m = _REPORT_RE.fullmatch(report)
+    if m is None or int(m.group(1)) > 255:
+        return None
+    return int(m.group(1)), int(m.group(2))
+
+
+def parse_left(answer: bytes) -> int | None:
+    """The count in the holder's answer; None unless it is exactly "left N\\n" (pure)."""
+    m = _LEFT_RE.fullmatch(answer)
+    return int(m.group(1)) if m else None
+
+
 #: Directories that start empty and die with the sandbox.
 _TMPFS: tuple[str, ...] = ("/tmp", "/home", "/var", "/var/tmp", "/run")
 
@@ -68,6 +188,9 @@ class BundlePlan:
     netns_path: str | None = None
     #: A prepared /etc (gvisor.etcdir), bound whole; None: one bind per entry.
     etc_dir: str | None = None
+    #: The supervisor's host report directory: the container's process runs the
+    #: command itself (see supervisor()); None: the holder, and `runsc exec`.
+    report_dir: str | None = None
 
 
 def _depth_key(bind: StagedBind) -> tuple[int, str]:
@@ -115,9 +238,20 @@ def build_config(plan: BundlePlan) -> dict[str, object]:
         mounts.append(_bind(spec.network.trust_bundle, TRUST_BUNDLE, False))
     for b in sorted((*plan.binds, *plan.protect_binds), key=_depth_key):
         mounts.append(_bind(b.source, b.dest, b.writable))
-    # The container's own process is the holder (see HOLDER); the command is
-    # `runsc exec`ed beside it (`command_process`).
-    process = _process(list(HOLDER), ["PATH=/usr/bin:/bin"], "/", 0, 0)
+    if plan.report_dir is not None:
+        mounts.append(_bind(plan.report_dir, REPORT_DIR, True))
+        process = _process(
+            list(supervisor(plan.uid, plan.gid, spec.argv, spec.env)),
+            [f"{k}={v}" for k, v in spec.env],
+            spec.workspace,
+            0,
+            0,
+            caps=_SUPERVISOR_CAPS,
+        )
+    else:
+        # The container's own process is the holder (see holder()); the
+        # command is `runsc exec`ed beside it (`command_process`).
+        process = _process(list(holder(plan.uid)), ["PATH=/usr/bin:/bin"], "/", 0, 0)
     if spec.limits.pids is not None:
         # The sentry enforces RLIMIT_NPROC per uid, and `runsc exec` gives the
         # command the container's rlimits (not its own process's): the
@@ -145,8 +279,16 @@ def build_config(plan: BundlePlan) -> dict[str, object]:
     }
 
 
-def _process(args: list[str], env: list[str], cwd: str, uid: int, gid: int) -> dict[str, object]:
-    no_caps: list[str] = []
+def _process(
+    args: list[str],
+    env: list[str],
+    cwd: str,
+    uid: int,
+    gid: int,
+    *,
+    caps: list[str] | None = None,
+) -> dict[str, object]:
+    no_caps: list[str] = list(caps or ())
     return {
         "terminal": False,
         "user": {"uid": uid, "gid": gid, "additionalGids": []},
@@ -156,9 +298,9 @@ def _process(args: list[str], env: list[str], cwd: str, uid: int, gid: int) -> d
         "capabilities": {
             "bounding": no_caps,
             "effective": list(no_caps),
-            "inheritable": list(no_caps),
+            "inheritable": [],
             "permitted": list(no_caps),
-            "ambient": list(no_caps),
+            "ambient": [],
         },
         "noNewPrivileges": True,
     }

@@ -24,9 +24,7 @@ __all__ = [
     "container_pids",
     "find_sandboxes",
     "host_tasks",
-    "leftover_count",
     "parse_ps",
-    "parse_ps_table",
     "ps_argv",
     "runsc_argv",
     "sandbox_pid1",
@@ -117,36 +115,6 @@ def parse_ps(out: bytes) -> list[int] | None:
     ):
         return None
     return value
-
-
-def parse_ps_table(out: bytes, uid: int) -> int | None:
-    """How many processes of `uid` have a parent in the sandbox, from `runsc ps`'s
-    table; None when malformed (pure).
-
-    Those are what the command left: `runsc exec`ed processes (the command,
-    connect()'s forwarders) have parent 0, the holder runs as uid 0. Only the
-    UID, PID and PPID columns are read; the rest (the command name) is the
-    sandbox's text and is ignored.
-    """
-    if len(out) > _MAX_PS:
-        return None
-    lines = out.splitlines()
-    if not lines or lines[0].split()[:3] != [b"UID", b"PID", b"PPID"]:
-        return None
-    n = 0
-    for line in lines[1:]:
-        cols = line.split(None, 3)
-        if len(cols) < 3 or not all(c.isdigit() for c in cols[:3]):
-            return None
-        if int(cols[0]) == uid and int(cols[2]) != 0:
-            n += 1
-    return n
-
-
-def leftover_count(target: Located, uid: int, timeout_s: float = 10.0) -> int | None:
-    """Processes of `uid` the command left in the sandbox, as the sentry lists them."""
-    out = _ps(target, timeout_s, table=True)
-    return None if out is None else parse_ps_table(out, uid)
 
 
 def _ps(target: Located, timeout_s: float, *, table: bool) -> bytes | None:
