@@ -614,7 +614,7 @@ _PREIMPORT = (
     "corral.sandbox.setid", "corral.sandbox.initbin", "corral.sandbox.kaudit",
     "corral.sandbox.landlock", "corral.sandbox.layers", "corral.sandbox.netns",
     "corral.sandbox.placement", "corral.sandbox.uids", "corral.sandbox.unix_supervisor",
-    "corral.sandbox.terminal",
+    "corral.sandbox.terminal", "corral.sandbox.prewarm",
     "corral.broker.actions", "corral.broker.attach", "corral.broker.config",
     "corral.broker.credentials", "corral.broker.hosts", "corral.broker.journal",
     "corral.broker.kernel_denials", "corral.broker.policy", "corral.broker.privdir",
@@ -712,6 +712,7 @@ def serve(path: Path, *, idle_s: float = 300.0, ready_fd: int | None = None) -> 
         os.close(ready_fd)
     children: set[int] = set()
     warm: _Warm | None = None
+    rewarm = True
     launcher_pid = os.getpid()
     with open("/proc/self/comm", encoding="utf-8", errors="replace") as fh:
         launcher_comm = fh.read().strip()
@@ -749,11 +750,17 @@ def serve(path: Path, *, idle_s: float = 300.0, ready_fd: int | None = None) -> 
                 _set_comm(WORKER_COMM)
                 status = _worker(client)
             elif handoff is not None:
+                from corral.sandbox import prewarm
+
+                prewarm.prepare()
                 _set_comm(WARM_COMM)
                 got = _await_handoff(handoff)
-                if got is not None:
+                if got is None:
+                    prewarm.discard()
+                else:
                     _set_comm(WORKER_COMM)
                     status = _worker(got)
+                    prewarm.discard()  # a request that started no sandbox
         except BaseException:
             status = 1
         finally:
@@ -774,11 +781,13 @@ def serve(path: Path, *, idle_s: float = 300.0, ready_fd: int | None = None) -> 
         while not stopping:
             for pid in _reap(children):
                 if warm is not None and pid == warm.pid:
+                    # Died unused: no new one until a request comes (no fork loop).
                     warm.close()
                     warm = None
+                    rewarm = False
             if children:
                 idle_since = time.monotonic()
-            elif warm is None and not watch.changed():
+            elif warm is None and rewarm and not watch.changed():
                 # Only while nothing is served: a warm fork competes for the CPU otherwise.
                 warm = spawn_warm()
             remaining = idle_s - (time.monotonic() - idle_since)
@@ -800,6 +809,7 @@ def serve(path: Path, *, idle_s: float = 300.0, ready_fd: int | None = None) -> 
                     continue
                 raise
             idle_since = time.monotonic()
+            rewarm = True
             with conn:
                 if peer_uid(conn) != os.getuid():
                     continue  # refused: no reply, no worker

@@ -411,11 +411,18 @@ class NamespaceSandbox:
             userns_fd = -1
             host_uid, host_gid = SANDBOX_HOST_UID, SANDBOX_HOST_GID
             if self.is_root:
-                from corral.sandbox import uids
+                from corral.sandbox import prewarm, uids
 
-                lease = uids.allocate(uids.configured_range())
+                uid_range = uids.configured_range()
+                # A warm launcher worker made both before its request (sandbox.prewarm).
+                ready = prewarm.take_userns(uid_range)
+                if ready is not None:
+                    lease, userns_fd = ready
+                else:
+                    lease = uids.allocate(uid_range)
                 host_uid, host_gid = lease.uid, lease.gid
-                userns_fd = mounts.make_userns_fd(os.getuid(), os.getgid(), host_uid, host_gid)
+                if ready is None:
+                    userns_fd = mounts.make_userns_fd(os.getuid(), os.getgid(), host_uid, host_gid)
                 fds_to_close.append(userns_fd)
             protect_binds: tuple[bw.StagedBind, ...] = ()
             if spec.protect:

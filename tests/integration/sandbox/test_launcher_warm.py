@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from corral.exec import launcher
+from corral.sandbox import uids
 
-from .conftest import wait_for
+from .conftest import processes_with, wait_for
 from .test_launcher import (
     Launcher,
     alive,
@@ -132,8 +133,17 @@ def test_the_warm_worker_holds_no_way_to_the_launcher(launcher_proc: Launcher, w
         for fd in os.listdir(f"/proc/{warm}/fd")
         if int(fd) > 2
     }
-    assert len(held) == 1, held
-    (link,) = held.values()
+    # As root, also what it prepared for its sandbox (sandbox.prewarm): the uid lease and
+    # the idmap user namespace.
+    prepared = [
+        link
+        for link in held.values()
+        if link.startswith("user:[") or link.startswith(f"{uids.LOCK_DIR}/")
+    ]
+    assert len(prepared) == (2 if os.geteuid() == 0 else 0), held
+    rest = [link for link in held.values() if link not in prepared]
+    assert len(rest) == 1, held
+    (link,) = rest
     assert link.startswith("socket:["), held
     inode = int(link[len("socket:[") : -1])
     assert unix.get(inode) == "", (inode, unix.get(inode))
@@ -144,3 +154,36 @@ def test_the_warm_worker_holds_no_way_to_the_launcher(launcher_proc: Launcher, w
     }
     listening = launchers & accepting
     assert listening and inode not in listening
+
+
+@pytest.mark.requires_root
+def test_the_requests_uid_range_beats_what_the_warm_worker_prepared(
+    frontend: Path, launcher_proc: Launcher, warm: int, workspace: Path, marker: str
+) -> None:
+    """The warm worker took a uid from the launcher's range; the caller asked for another.
+
+    `CORRAL_UID_RANGE` is the caller's: its sandbox must run as an id of that range
+    (host side: the uid the kernel shows for the sandbox's command).
+    """
+    env = {**launcher_proc.env(), "CORRAL_UID_RANGE": "65100-65199"}
+    proc = subprocess.Popen(
+        [str(frontend), "exec", "--", "sh", "-c", "echo started; sleep 60", marker],
+        cwd=workspace, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"started\n"
+        assert launcher_proc.workers() == [warm]  # the warm worker serves it
+        host_uids = set()
+        for pid in processes_with(marker):
+            if pid == proc.pid:
+                continue
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("Uid:"):
+                    host_uids.add(int(line.split()[1]))
+        assert host_uids, "no sandbox process found"
+        assert all(65100 <= u <= 65199 for u in host_uids - {0}), host_uids
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
