@@ -44,7 +44,7 @@ from types import MappingProxyType
 from corral._payload import path as payload_path
 from corral.errors import CgroupError, LayerUnavailableError, SandboxStartError
 from corral.sandbox import bwrap as bw
-from corral.sandbox import interrupts, mounts
+from corral.sandbox import cgprime, interrupts, mounts
 from corral.sandbox.cgroup import Cgroup, CgroupLayout, CgroupUsage, detect_layout, sweep_stale
 from corral.sandbox.handle import CgroupProcessHandle
 from corral.sandbox.spec import ExecResult, SandboxSpec
@@ -345,6 +345,9 @@ class NamespaceSandbox:
         placeholders: Placeholders | None = None
         running: RunningSandbox | None = None
         unix: UnixChildInstaller | None = None
+        # The child's cgroup attach would otherwise wait out an RCU grace
+        # period between fork and exec (sandbox.cgprime).
+        primer = cgprime.start(layout) if layout is not None else None
         try:
             if layout is not None:
                 with contextlib.suppress(CgroupError, OSError):
@@ -422,7 +425,11 @@ class NamespaceSandbox:
                     lease = uids.allocate(uid_range)
                 host_uid, host_gid = lease.uid, lease.gid
                 if ready is None:
+                    if primer is not None:
+                        primer.join()  # no thread across the helper's fork
                     userns_fd = mounts.make_userns_fd(os.getuid(), os.getgid(), host_uid, host_gid)
+                    # The helper took ~6 ms: the grace period may have ended; start another.
+                    primer = cgprime.start(layout) if layout is not None else None
                 fds_to_close.append(userns_fd)
             protect_binds: tuple[bw.StagedBind, ...] = ()
             if spec.protect:
