@@ -250,9 +250,19 @@ def main() -> int:
         ]
         if os.geteuid() == 0:
             commands.insert(1, ("bare bwrap (uid 64000)", _bare_bwrap(ws), _drop_to(64000)))
+        srt = shutil.which("srt") or str(REPO / "tools/srt/node_modules/.bin/srt")
+        if os.access(srt, os.X_OK):
+            # In the rounds too: a ratio of figures taken at different loads says little.
+            commands.append(("srt -c true", [srt, "-c", "true"], None))
+        else:
+            print(
+                "srt: not installed (npm install --prefix tools/srt @anthropic-ai/sandbox-runtime)"
+            )
         # Interleaved rounds: a load change hits every command alike.
         rounds = 5
+        loads: list[float] = []
         for _ in range(rounds):
+            loads.append(os.getloadavg()[0])
             for name, argv, pre in commands:
                 results.setdefault(name, []).extend(
                     _timed(
@@ -271,17 +281,10 @@ def main() -> int:
             results.setdefault("sandbox in-process", []).extend(
                 _in_process(ws, max(1, args.runs // rounds), steps)
             )
+        loads.append(os.getloadavg()[0])
         launcher_proc.terminate()
         launcher_proc.wait(30)
-        srt = shutil.which("srt") or str(REPO / "tools/srt/node_modules/.bin/srt")
-        if os.access(srt, os.X_OK):
-            results["srt -c true"] = _timed(
-                [srt, "-c", "true"], max(5, args.runs // 3), cpu=cpu.setdefault("srt -c true", [])
-            )
-        else:
-            print(
-                "srt: not installed (npm install --prefix tools/srt @anthropic-ai/sandbox-runtime)"
-            )
+    print(f"1-minute load average during the rounds: {min(loads):.2f}-{max(loads):.2f}")
     for name, xs in results.items():
         cpu_col = f"   cpu {statistics.median(cpu[name]) * 1000:7.1f} ms" if cpu.get(name) else ""
         if name == FRONTEND:
