@@ -345,9 +345,7 @@ class NamespaceSandbox:
         placeholders: Placeholders | None = None
         running: RunningSandbox | None = None
         unix: UnixChildInstaller | None = None
-        # The child's cgroup attach would otherwise wait out an RCU grace
-        # period between fork and exec (sandbox.cgprime).
-        primer = cgprime.start(layout) if layout is not None else None
+        primer = None
         try:
             if layout is not None:
                 with contextlib.suppress(CgroupError, OSError):
@@ -356,6 +354,10 @@ class NamespaceSandbox:
                 cgroup = Cgroup.create(layout, f"{self.cgroup_parent}/{name}", spec.limits)
             attach_fds = cgroup.open_attach_fds() if cgroup else []
             fds_to_close += attach_fds
+            # The child's cgroup attach would otherwise wait out an RCU grace
+            # period between fork and exec (sandbox.cgprime). Not before the
+            # mkdirs: the primer holds cgroup_mutex while it waits, and they need it.
+            primer = cgprime.start(layout) if cgroup is not None and layout is not None else None
 
             status_r, status_w = os.pipe()
             fds_to_close.append(status_w)
@@ -429,7 +431,7 @@ class NamespaceSandbox:
                         primer.join()  # no thread across the helper's fork
                     userns_fd = mounts.make_userns_fd(os.getuid(), os.getgid(), host_uid, host_gid)
                     # The helper took ~6 ms: the grace period may have ended; start another.
-                    primer = cgprime.start(layout) if layout is not None else None
+                    primer = cgprime.start(layout) if cgroup is not None and layout else None
                 fds_to_close.append(userns_fd)
             protect_binds: tuple[bw.StagedBind, ...] = ()
             if spec.protect:
