@@ -28,6 +28,16 @@ package directory, or a stamp of every file's name, size and mtime): after an
 edit it refuses with "stale", removes its socket and exits, so stale code
 never runs silently. Killing the launcher leaves its workers (each owns its
 own sandbox and client) running to the end.
+
+Warm worker: while no request is being served, the launcher keeps one worker
+forked ahead (named `corral-warm` in /proc/PID/comm once set up), its post-fork set-up
+done, blocked on a socketpair only the launcher holds. An accepted connection
+that passed the uid and staleness checks is handed to it (SCM_RIGHTS) instead
+of forking then: the fork is off the request path. It is a fork of the
+launcher, so it runs exactly the code the staleness check vouched for; when
+the launcher goes (stale, idle, SIGTERM, SIGKILL) the socketpair closes and an
+unused warm worker exits without serving. A request that finds none (another
+is being served) is forked for as before.
 """
 
 from __future__ import annotations
@@ -529,6 +539,69 @@ def _finish_threads() -> None:
         atexit._run_exitfuncs()
 
 
+_PR_SET_NAME = 15
+WARM_COMM = "corral-warm"
+#: A warm worker's name from its fork until its set-up is done.
+WARMING_COMM = "corral-warming"
+WORKER_COMM = "corral-worker"
+
+
+def _set_comm(name: str) -> None:
+    """prctl(PR_SET_NAME): how tests and `ps -o comm` tell a warm worker from a serving one."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_NAME): {os.strerror(err)}")
+
+
+def _after_fork(socks: list[socket.socket], fds: list[int]) -> None:
+    """A new worker's set-up: none of the launcher's descriptors, handlers or exit hooks."""
+    signal.set_wakeup_fd(-1)
+    for sock in socks:
+        sock.close()
+    _close_all(fds)
+    for s in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    os.setsid()
+    # The launcher's exit handlers are not the worker's to run.
+    atexit._clear()
+
+
+def _await_handoff(handoff: socket.socket) -> socket.socket | None:
+    """The connection the launcher hands this warm worker, or None when the launcher is gone."""
+    try:
+        _msg, fds, _flags, _addr = socket.recv_fds(handoff, 1, 1)
+    except OSError:
+        return None
+    finally:
+        handoff.close()
+    if not fds:
+        return None  # EOF: the launcher exited (or retired this worker)
+    return socket.socket(fileno=fds[0])
+
+
+class _Warm:
+    """The launcher's side of a warm worker: its pid and the socketpair end it waits on."""
+
+    def __init__(self, pid: int, sock: socket.socket) -> None:
+        self.pid = pid
+        self.sock = sock
+
+    def hand(self, conn: socket.socket) -> bool:
+        """Pass `conn` on; False when the worker cannot take it (it died)."""
+        try:
+            socket.send_fds(self.sock, [b"c"], [conn.fileno()])
+        except OSError:
+            return False
+        return True
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 # --- the launcher process --------------------------------------------------------------------
 
 
@@ -543,7 +616,7 @@ _PREIMPORT = (
     "corral.sandbox.setid", "corral.sandbox.initbin", "corral.sandbox.kaudit",
     "corral.sandbox.landlock", "corral.sandbox.layers", "corral.sandbox.netns",
     "corral.sandbox.placement", "corral.sandbox.uids", "corral.sandbox.unix_supervisor",
-    "corral.sandbox.terminal",
+    "corral.sandbox.terminal", "corral.sandbox.prewarm",
     "corral.broker.actions", "corral.broker.attach", "corral.broker.config",
     "corral.broker.credentials", "corral.broker.hosts", "corral.broker.journal",
     "corral.broker.kernel_denials", "corral.broker.policy", "corral.broker.privdir",
@@ -568,16 +641,19 @@ def _preimport() -> None:
     gc.freeze()
 
 
-def _reap(children: set[int]) -> None:
-    while children:
+def _reap(children: set[int]) -> list[int]:
+    """Reap every exited child (workers and a warm worker alike); returns their pids."""
+    reaped: list[int] = []
+    while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             children.clear()
-            return
+            return reaped
         if pid == 0:
-            return
+            return reaped
         children.discard(pid)
+        reaped.append(pid)
 
 
 def _same_socket(path: Path, ident: tuple[int, int]) -> bool:
@@ -637,12 +713,85 @@ def serve(path: Path, *, idle_s: float = 300.0, ready_fd: int | None = None) -> 
             os.write(ready_fd, f"{os.getpid()}\n".encode())
         os.close(ready_fd)
     children: set[int] = set()
+    warm: _Warm | None = None
+    rewarm = True
+    launcher_pid = os.getpid()
+    with open("/proc/self/comm", encoding="utf-8", errors="replace") as fh:
+        launcher_comm = fh.read().strip()
     idle_since = time.monotonic()
+
+    def fork_worker(
+        client: socket.socket | None,
+        handoff: socket.socket | None = None,
+        handoff_peer: socket.socket | None = None,
+    ) -> int:
+        """Fork a worker for `client`, or a warm one that waits on `handoff` for its connection."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if handoff is None:
+            pid = os.fork()
+        else:
+            # Born with a name (comm is copied at fork): no observer ever sees
+            # an unnamed warm worker and takes it for a serving one.
+            _set_comm(WARMING_COMM)
+            try:
+                pid = os.fork()
+            finally:
+                if os.getpid() == launcher_pid:
+                    _set_comm(launcher_comm)
+        if pid:
+            return pid
+        status = 0
+        try:
+            # The launcher's ends of the socketpairs too: a warm worker must see EOF
+            # once the launcher is gone, however it went.
+            socks = [lsock, *(s.sock for s in (warm,) if s is not None)]
+            _after_fork(socks + ([handoff_peer] if handoff_peer else []), [lock, wake_r, wake_w])
+            watch.close()
+            if client is not None:
+                _set_comm(WORKER_COMM)
+                status = _worker(client)
+            elif handoff is not None:
+                from corral.sandbox import prewarm
+
+                prewarm.prepare()
+                _set_comm(WARM_COMM)
+                got = _await_handoff(handoff)
+                if got is None:
+                    prewarm.discard()
+                else:
+                    _set_comm(WORKER_COMM)
+                    status = _worker(got)
+                    prewarm.discard()  # a request that started no sandbox
+        except BaseException:
+            status = 1
+        finally:
+            os._exit(status)
+
+    def spawn_warm() -> _Warm | None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            pid = fork_worker(None, theirs, mine)
+        except OSError:
+            mine.close()
+            return None
+        finally:
+            theirs.close()
+        return _Warm(pid, mine)
+
     try:
         while not stopping:
-            _reap(children)
+            for pid in _reap(children):
+                if warm is not None and pid == warm.pid:
+                    # Died unused: no new one until a request comes (no fork loop).
+                    warm.close()
+                    warm = None
+                    rewarm = False
             if children:
                 idle_since = time.monotonic()
+            elif warm is None and rewarm and not watch.changed():
+                # Only while nothing is served: a warm fork competes for the CPU otherwise.
+                warm = spawn_warm()
             remaining = idle_s - (time.monotonic() - idle_since)
             if remaining <= 0:
                 break
@@ -662,6 +811,7 @@ def serve(path: Path, *, idle_s: float = 300.0, ready_fd: int | None = None) -> 
                     continue
                 raise
             idle_since = time.monotonic()
+            rewarm = True
             with conn:
                 if peer_uid(conn) != os.getuid():
                     continue  # refused: no reply, no worker
@@ -674,36 +824,25 @@ def serve(path: Path, *, idle_s: float = 300.0, ready_fd: int | None = None) -> 
                     lock = -1
                     _send(conn, "R stale")
                     break
-                sys.stdout.flush()
-                sys.stderr.flush()
+                if warm is not None:
+                    handed = warm.hand(conn)
+                    warm.close()
+                    if handed:
+                        children.add(warm.pid)
+                        warm = None
+                        continue
+                    warm = None  # it died: reaped by the loop
                 try:
-                    pid = os.fork()
+                    pid = fork_worker(conn)
                 except OSError as exc:
                     # Nothing ran: the client runs the Python CLI instead.
                     _send(conn, f"R cannot fork: {exc.strerror}")
                     continue
-                if pid == 0:
-                    status = 0
-                    try:
-                        lsock.close()
-                        os.close(lock)
-                        signal.set_wakeup_fd(-1)
-                        os.close(wake_r)
-                        os.close(wake_w)
-                        for s in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                            signal.signal(s, signal.SIG_DFL)
-                        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-                        os.setsid()
-                        # The launcher's exit handlers are not the worker's to run.
-                        atexit._clear()
-                        watch.close()
-                        status = _worker(conn)
-                    except BaseException:
-                        status = 1
-                    finally:
-                        os._exit(status)
                 children.add(pid)
     finally:
+        if warm is not None:
+            # Unused: it sees EOF and exits without serving.
+            warm.close()
         if _same_socket(path, ident):
             with contextlib.suppress(OSError):
                 os.unlink(path)

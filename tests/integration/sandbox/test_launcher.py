@@ -104,7 +104,19 @@ class Launcher:
         return env
 
     def workers(self) -> list[int]:
-        return children_of(self.pid)
+        """The launcher's serving workers (not the warm one waiting for the next request)."""
+        return [p for p in children_of(self.pid) if not comm(p).startswith(launcher.WARM_COMM)]
+
+    def warm(self) -> list[int]:
+        """The launcher's warm worker, set up ahead of the next request ([] while serving)."""
+        return [p for p in children_of(self.pid) if comm(p) == launcher.WARM_COMM]
+
+
+def comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def children_of(pid: int) -> list[int]:
