@@ -44,7 +44,7 @@ from types import MappingProxyType
 from corral._payload import path as payload_path
 from corral.errors import CgroupError, LayerUnavailableError, SandboxStartError
 from corral.sandbox import bwrap as bw
-from corral.sandbox import cgprime, interrupts, mounts
+from corral.sandbox import interrupts, mounts
 from corral.sandbox.cgroup import Cgroup, CgroupLayout, CgroupUsage, detect_layout, sweep_stale
 from corral.sandbox.handle import CgroupProcessHandle
 from corral.sandbox.spec import ExecResult, SandboxSpec
@@ -345,7 +345,6 @@ class NamespaceSandbox:
         placeholders: Placeholders | None = None
         running: RunningSandbox | None = None
         unix: UnixChildInstaller | None = None
-        primer = None
         try:
             if layout is not None:
                 with contextlib.suppress(CgroupError, OSError):
@@ -354,10 +353,6 @@ class NamespaceSandbox:
                 cgroup = Cgroup.create(layout, f"{self.cgroup_parent}/{name}", spec.limits)
             attach_fds = cgroup.open_attach_fds() if cgroup else []
             fds_to_close += attach_fds
-            # The child's cgroup attach would otherwise wait out an RCU grace
-            # period between fork and exec (sandbox.cgprime). Not before the
-            # mkdirs: the primer holds cgroup_mutex while it waits, and they need it.
-            primer = cgprime.start(layout) if cgroup is not None and layout is not None else None
 
             status_r, status_w = os.pipe()
             fds_to_close.append(status_w)
@@ -427,11 +422,7 @@ class NamespaceSandbox:
                     lease = uids.allocate(uid_range)
                 host_uid, host_gid = lease.uid, lease.gid
                 if ready is None:
-                    if primer is not None:
-                        primer.join()  # no thread across the helper's fork
                     userns_fd = mounts.make_userns_fd(os.getuid(), os.getgid(), host_uid, host_gid)
-                    # The helper took ~6 ms: the grace period may have ended; start another.
-                    primer = cgprime.start(layout) if cgroup is not None and layout else None
                 fds_to_close.append(userns_fd)
             protect_binds: tuple[bw.StagedBind, ...] = ()
             if spec.protect:
