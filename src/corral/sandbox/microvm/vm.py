@@ -579,36 +579,53 @@ class MicroVMBackend:
                 with contextlib.suppress(OSError):
                     os.close(fd)
             if cgroup is not None:
+                # QEMU is reaped, but a v1 memory cgroup stays busy a moment longer.
                 with contextlib.suppress(CgroupError):
-                    cgroup.remove(timeout_s=1.0)
+                    cgroup.remove()
             if chan is not None:
                 chan.close()
             raise
-        for fd in [initrd, *(w for _, w in pipes), *attach]:
-            os.close(fd)
-        if qemu_end is not None:
-            os.close(qemu_end)
-        pumps = (
-            _Pump(pipes[0][0], None, limit=4096),
-            _Pump(pipes[1][0], output[0]),
-            _Pump(pipes[2][0], output[1]),
-        )
-        assert proc.stderr is not None
-        qemu_err = _Pump(proc.stderr.fileno(), None)
-        for p in (*pumps, qemu_err):
-            p.start()
-        net = VMNet(chan) if chan is not None else None
-        sandbox = MicroVMSandbox(
-            proc=proc,
-            cgroup=cgroup,
-            layers=active,
-            started=started,
-            pumps=pumps,
-            qemu_err=qemu_err,
-            timeout_s=spec.limits.timeout_s,
-            placeholders=None,
-            net=net,
-        )
+        sandbox: MicroVMSandbox | None = None
+        try:
+            # Until the handle exists, an interrupt waits (sandbox.interrupts).
+            with interrupts.deferred():
+                for fd in [initrd, *(w for _, w in pipes), *attach]:
+                    os.close(fd)
+                if qemu_end is not None:
+                    os.close(qemu_end)
+                pumps = (
+                    _Pump(pipes[0][0], None, limit=4096),
+                    _Pump(pipes[1][0], output[0]),
+                    _Pump(pipes[2][0], output[1]),
+                )
+                assert proc.stderr is not None
+                qemu_err = _Pump(proc.stderr.fileno(), None)
+                for p in (*pumps, qemu_err):
+                    p.start()
+                net = VMNet(chan) if chan is not None else None
+                sandbox = MicroVMSandbox(
+                    proc=proc,
+                    cgroup=cgroup,
+                    layers=active,
+                    started=started,
+                    pumps=pumps,
+                    qemu_err=qemu_err,
+                    timeout_s=spec.limits.timeout_s,
+                    placeholders=None,
+                    net=net,
+                )
+        except BaseException:
+            if sandbox is not None:
+                sandbox.kill_all()
+                sandbox.close()
+            else:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                proc.wait()
+                if cgroup is not None:
+                    with contextlib.suppress(CgroupError):
+                        cgroup.remove()
+            raise
         if network is not None and net is not None:
             try:
                 network(net)
