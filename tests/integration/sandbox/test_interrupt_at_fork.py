@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.requires_root, pytest.mark.requires_cgroup]
 
 DRIVER = textwrap.dedent(
     """
-    import os, signal, sys, threading, time
+    import os, re, signal, sys, threading, time
     from corral.exec.cli import run_exec
 
     main_tid = threading.get_native_id()
@@ -50,6 +50,11 @@ DRIVER = textwrap.dedent(
         v2 = [line for line in lines if line.startswith("0::")]
         return joined and not any(":/corral/" in line for line in v2)
 
+    def probe_marker(kid):
+        # "started": a verify probe's process, exec'd (it carries the marker).
+        found = re.search(rb"\\bcvm[0-9a-f]{10}\\b", open(f"/proc/{kid}/cmdline", "rb").read())
+        return found.group().decode() if found else None
+
     def sandbox_child():
         # The pid of a child still this Python, 'execd' (the backend's program) or None.
         try:
@@ -58,6 +63,10 @@ DRIVER = textwrap.dedent(
             return None
         for kid in kids:
             try:
+                if trigger == "started":
+                    if probe_marker(kid):
+                        return int(kid)
+                    continue
                 exe = os.readlink(f"/proc/{kid}/exe")
                 if os.path.basename(exe) in ("bwrap", "runsc", "qemu-system-x86_64"):
                     return "execd"
@@ -74,7 +83,10 @@ DRIVER = textwrap.dedent(
         while time.monotonic() < deadline:
             seen = sandbox_child()
             if seen is not None and seen != "execd":
-                if trigger == "any":
+                if trigger == "started":
+                    learned.append(probe_marker(seen))
+                    os.write(2, f"MARKER {learned[0]}\\n".encode())
+                if trigger in ("any", "started"):
                     os.kill(os.getpid(), signal.SIGTERM)
                     os.write(2, b"HIT\\n")
                     return
@@ -100,6 +112,7 @@ DRIVER = textwrap.dedent(
         os.kill(os.getpid(), signal.SIGTERM)
 
     done = threading.Event()
+    learned = []
     # The watcher must get the GIL while the main thread waits in Popen.
     sys.setswitchinterval(1e-6)
     threading.Thread(target=watch, daemon=True).start()
@@ -119,7 +132,7 @@ DRIVER = textwrap.dedent(
     done.set()
     # A coordinator or launcher lives on after one sandbox: whatever the
     # interrupted start left running is still there a moment later.
-    marker = sys.argv[-1].encode()
+    marker = (learned[0] if learned else sys.argv[-1]).encode()
     deadline = time.monotonic() + 2
     while True:
         left = []
@@ -214,7 +227,11 @@ def test_sigterm_between_fork_and_exec_leaves_nothing(
             assert proc.returncode == 128 + 15, proc.stderr[-2000:]
             break
     assert hit, "the driver never caught the fork before its exec"
-    assert _sandbox_cgroups_with_processes(owners) == []
+    # A killed QEMU or bwrap takes a moment to leave its cgroup on a loaded
+    # host; an orphan (sleep 1000) never does.
+    assert wait_for(lambda: _sandbox_cgroups_with_processes(owners) == [], 30), (
+        _sandbox_cgroups_with_processes(owners)
+    )
     assert os.listdir(workspace) == []
 
 
@@ -265,4 +282,40 @@ def test_sigterm_to_agent_run_between_fork_and_exec_leaves_nothing(
             assert proc.returncode != 0, proc.stderr[-2000:]
             break
     assert hit, "the driver never caught the fork before its exec"
-    assert _sandbox_cgroups_with_processes(owners) == []
+    # A killed QEMU or bwrap takes a moment to leave its cgroup on a loaded
+    # host; an orphan (sleep 1000) never does.
+    assert wait_for(lambda: _sandbox_cgroups_with_processes(owners) == [], 30), (
+        _sandbox_cgroups_with_processes(owners)
+    )
+
+
+@pytest.mark.requires_sandbox
+def test_sigterm_to_verify_leaves_no_probe_running(tmp_path: Path) -> None:
+    """`corral verify`'s probes run in sessions of their own: on SIGTERM the
+    runner must end the one it is running (Python's default just exits)."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            DRIVER,
+            "verify",
+            "started",
+            "verify",
+            "--backend",
+            "namespace",
+            "--probe",
+            "proc-timeout-daemon",
+            "--workdir",
+            str(tmp_path / "verify"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    found = re.findall(r"^MARKER (cvm[0-9a-f]{10})$", proc.stderr, re.M)
+    assert found, proc.stderr[-2000:]
+    # At once: the probe runs on for seconds by itself, so a survivor is seen.
+    assert processes_with(found[0]) == [], proc.stderr[-2000:]
+    assert "LEFT" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode != 0, proc.stderr[-2000:]
