@@ -15,6 +15,10 @@ EXIT_STATUS = {"succeeded": 0, "failed": 1, "timeout": 124, "refused": 125}
 """`corral agent run`'s exit status per result status (2: bad usage)."""
 
 
+def _raise_interrupt() -> None:
+    raise KeyboardInterrupt
+
+
 def _fail(message: str, code: int) -> typer.Exit:
     print(f"corral agent: {message}", file=sys.stderr)
     return typer.Exit(code)
@@ -116,12 +120,17 @@ def register(app: typer.Typer) -> None:
             import signal
 
             from corral.run.agent_run import run_agent
+            from corral.sandbox import interrupts
 
-            def _on_term(_signum: int, _frame: object) -> None:
-                # The session tears its sandbox down on the way out.
-                raise KeyboardInterrupt
+            def _on_signal(_signum: int, _frame: object) -> None:
+                # The session tears its sandbox down on the way out. Raised
+                # inside Popen between its fork and exec, the exception would
+                # leave the forked sandbox with no handle to kill it: while a
+                # backend creates it, the interrupt waits (sandbox.interrupts).
+                interrupts.deliver(_raise_interrupt)
 
-            signal.signal(signal.SIGTERM, _on_term)
+            for s in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(s, _on_signal)
             result = run_agent(
                 agent,
                 text,

@@ -80,6 +80,9 @@ def verify(  # noqa: PLR0917 (typer maps parameters to options)
         netns=netns,
     )
     err = Console(stderr=True)
+    from corral.verify.stop import interrupt_on_signals
+
+    interrupt_on_signals()
     try:
         report = _with_bar(opts, err) if err.is_terminal else run_suite(opts, _plain_progress)
     except VerifyError as exc:

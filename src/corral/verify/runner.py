@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.errors import CorralError
+from corral.sandbox import interrupts
 from corral.verify.backends import (
     Backend,
     CorralBackend,
@@ -742,6 +743,16 @@ def _host_markers(hits: str, marker: str) -> list[str] | None:
         return None
 
 
+def _end_probe_on_error(marker: str) -> Callable[..., bool]:
+    def end(exc_type: type[BaseException] | None, *_: object) -> bool:
+        if exc_type is not None:
+            kill_marker(marker)
+            _sweep_run(marker)
+        return False
+
+    return end
+
+
 def _sweep_run(run_id: str) -> None:
     """Kill and remove whatever a killed coordinator left of the run's cgroups."""
     from corral.run.runcg import RunCgroup
@@ -945,6 +956,9 @@ class _Suite:
         workspace = _fill(p.workspace, ctx) if p.workspace else ws
         ctx["workspace"] = workspace
         with ExitStack() as stack:
+            # Interrupted (^C, SIGTERM) or failed: the probe's processes are in
+            # sessions of their own, so nothing else would end them.
+            stack.push(_end_probe_on_error(marker))
             victim = None
             if "kill-victim" in p.needs:
                 victim = spawn_kill_victim()
@@ -1038,16 +1052,19 @@ class _Suite:
         io = _Proc()
         started = time.monotonic()
         sock_before = host_sock_mem_bytes()
-        proc = subprocess.Popen(
-            argv,
-            cwd=workspace,
-            env=env,
-            stdin=stdin,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            pass_fds=pass_fds,
-            start_new_session=True,
-        )
+        # Until the child has exec'd it does not carry the marker the cleanup
+        # kills by: an interrupt waits (verify.stop).
+        with interrupts.deferred():
+            proc = subprocess.Popen(
+                argv,
+                cwd=workspace,
+                env=env,
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=pass_fds,
+                start_new_session=True,
+            )
         owner.append(proc.pid)
         readers = [
             threading.Thread(target=_reader, args=(proc.stdout, io.stdout, io.ready), daemon=True),
@@ -1197,15 +1214,16 @@ class _Suite:
         argv = [sys.executable, "-m", "corral", "run", str(mdir / "MISSION.md"), "--plain"]
         argv += ["--runs-dir", str(runs), "--id", marker]
         started = time.monotonic()
-        proc = subprocess.Popen(
-            argv,
-            cwd=base,
-            env=self.caller_env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with interrupts.deferred():
+            proc = subprocess.Popen(
+                argv,
+                cwd=base,
+                env=self.caller_env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         harness_timeout = False
         try:
             out, _ = proc.communicate(timeout=p.deadline_s * self.backend.deadline_scale)
@@ -1354,15 +1372,19 @@ class _Suite:
         os.makedirs(ws)
         run = RunSpec(ws, ProbeLimits(), (), None, self.opts.env, self._settings(ws, (), nb))
         argv = self.backend.argv([PY, "-I", "-S", "-c", _NEIGHBOUR, nb], run)
-        proc = subprocess.Popen(
-            argv,
-            cwd=ws,
-            env=dict(self.caller_env),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        # Its marker is not the probe's: the cleanup below is registered before
+        # an interrupt may land.
+        with interrupts.deferred():
+            proc = subprocess.Popen(
+                argv,
+                cwd=ws,
+                env=dict(self.caller_env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            stack.callback(kill_marker, nb)
         self._neighbours[nb] = proc.pid
 
         def stop() -> None:

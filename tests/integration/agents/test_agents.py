@@ -10,7 +10,6 @@ received.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -119,13 +118,11 @@ def test_denied_mcp_tool_is_refused_and_journaled(
 def test_broken_provider_fails_fast(
     agent: str, scenario: Path, workspace: Path, state: Path
 ) -> None:
-    started = time.monotonic()
-    run = _run(agent, scenario, workspace, state, timeout_s=40)
-    elapsed = time.monotonic() - started
+    run = _run(agent, scenario, workspace, state, timeout_s=240)
+    # No retry loop: the CLI gave up by itself ("failed", not the limit's
+    # "timeout") after a few requests, counted by the provider.
     assert run.result.status == "failed", run.result
     assert run.result.error
-    # No retry loop: well inside the wall-clock limit.
-    assert elapsed < 20, elapsed
     assert len(transcript(run.state_dir)) <= 3
 
 
@@ -133,11 +130,9 @@ def test_broken_provider_fails_fast(
 def test_silent_provider_hits_the_wall_clock_limit(
     agent: str, workspace: Path, state: Path
 ) -> None:
-    started = time.monotonic()
     run = _run(agent, SCENARIOS / "slow-provider.yaml", workspace, state, timeout_s=6)
-    elapsed = time.monotonic() - started
+    # The limit's own verdict; pytest's timeout bounds a hang.
     assert run.result.status == "timeout", run.result
-    assert elapsed < 25, elapsed
 
 
 def test_host_credentials_do_not_reach_the_agent(workspace: Path, state: Path) -> None:
@@ -160,8 +155,10 @@ def test_an_mcp_server_that_cannot_start_stops_the_run(
 
     require_cli(agent)
     policy = parse_mcp_policy({"servers": {"broken": {"command": ["/bin/false"]}}})
-    started = time.monotonic()
-    with pytest.raises(AgentError, match="broken"):
+    with pytest.raises(AgentError, match="broken") as refused:
         _run(agent, SCENARIOS / "shell-edit-mcp.yaml", workspace, state, policy=policy)
-    assert time.monotonic() - started < 30
+    # From the server's exit, not from a start-up bound running out ("within N s"),
+    # and before the agent ran: the provider never saw a request.
+    assert "within" not in str(refused.value), refused.value
+    assert transcript(state) == []
     assert not (workspace / "hello.txt").exists()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -114,10 +113,10 @@ def test_a_server_that_does_not_start_stops_the_gateway(tmp_path: Path) -> None:
     policy = parse_mcp_policy({"servers": {"broken": {"command": ["false"]}}})
     with Journal(tmp_path / "journal.sqlite") as journal:
         gateway = _gateway(policy, journal, tmp_path, sandbox=False)
-        started = time.monotonic()
-        with pytest.raises(AgentError, match="broken"):
-            gateway.start(timeout=30)
-        assert time.monotonic() - started < 30
+        # From the server's exit, not from the start-up bound running out.
+        with pytest.raises(AgentError, match="broken") as refused:
+            gateway.start(timeout=120)
+        assert "within" not in str(refused.value), refused.value
 
 
 @pytest.mark.requires_sandbox

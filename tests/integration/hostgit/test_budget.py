@@ -85,8 +85,9 @@ def test_file_over_budget_fails_the_commit_cleanly(tmp_path: Path) -> None:
     started = time.monotonic()
     with pytest.raises(GitBudgetError, match=r"'big' is \d+ bytes \(\d+ on disk\)"):
         repo.commit_all("too big")
-    # Refused from its size, before git read a byte of it.
-    assert time.monotonic() - started < 5
+    # Refused from its size, before git read a byte of it: no object written
+    # (the oracle; the clock only bounds a hang on a loaded host).
+    assert time.monotonic() - started < 60
     assert list((tmp_path / "git" / "objects").rglob("*/*")) == []
 
 

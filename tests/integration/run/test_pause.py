@@ -114,12 +114,12 @@ def test_a_paused_run_makes_no_progress_and_completes_after_resume(tmp_path: Pat
         assert _beat(run_dir) < 120, "the agent finished before the pause landed"
         _assert_no_progress(rid, run_dir)
         _assert_top_and_status_while_paused(tmp_path, rid)
-        t0 = time.monotonic()
         result = _cli(tmp_path, "resume", rid)
         assert result.returncode == 0, result.stdout + result.stderr
         assert "resumed" in result.stdout
-        # `resume` of a live run returns at once; the coordinator continues.
-        assert proc.poll() is None and time.monotonic() - t0 < 15
+        # `resume` of a live run returns while the run still has beats to go
+        # (it did not wait for the run); the coordinator continues.
+        assert proc.poll() is None
         wait_for(lambda: _beat(run_dir) == 120, 40, "the heartbeat to continue to its end")
         assert proc.wait(60) == 0
     finally:

@@ -140,7 +140,7 @@ def test_timeout_kills_the_whole_vm(world: tuple[Path, Path]) -> None:
     ws, _ = world
     backend = _backend()
     # 2 s is shorter than a TCG boot: the limit must count from the command's start.
-    sb = backend.start(_spec(ws, "echo up > started; exec sleep 1000", timeout_s=2))
+    sb = backend.start(_spec(ws, "exec sleep 1000", timeout_s=2))
     try:
         assert sb.cgroup is not None
         assert sb.qemu_pid in sb.cgroup.pids()
@@ -148,7 +148,10 @@ def test_timeout_kills_the_whole_vm(world: tuple[Path, Path]) -> None:
         assert isinstance(cap, int) and cap > 512 << 20
         res = sb.wait()
         assert (res.exit, res.reason) == (124, "timeout")
-        assert (ws / "started").read_text() == "up\n"
+        # The init had reported the command's start before the kill: the limit
+        # did not run out during the boot. (A file the command writes is no
+        # oracle: a loaded host may not give the TCG guest the 2 s to write it.)
+        assert sb.wait_started(0)
         assert sb.poll() is not None
         assert not sb.cgroup.pids()
     finally:

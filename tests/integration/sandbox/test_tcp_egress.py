@@ -240,13 +240,7 @@ def sshd(tmp_path: Path) -> Iterator[Sshd]:
             ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)], check=True
         )
     (d / "authorized_keys").write_bytes((d / "client.pub").read_bytes())
-    allowed, other = _free_port(), _free_port()
-    (d / "cfg").write_text(
-        f"Port {allowed}\nPort {other}\nListenAddress 127.0.0.1\nHostKey {d / 'host'}\n"
-        f"AuthorizedKeysFile {d / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
-        "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
-        "StrictModes no\nPidFile none\nLogLevel VERBOSE\n"
-    )
+    cfg = d / "cfg"
     repo = tmp_path / "srv" / "repo.git"
     git = ["git", "-c", "init.defaultBranch=main"]
     subprocess.run([*git, "init", "-q", "--bare", str(repo)], check=True)
@@ -258,8 +252,17 @@ def sshd(tmp_path: Path) -> Iterator[Sshd]:
     subprocess.run(["git", "-C", str(seed), *ident, "commit", "-qm", "seed"], check=True)
     subprocess.run(["git", "-C", str(seed), "push", "-q", str(repo), "HEAD:main"], check=True)
     log = d / "log"
+    # Chosen just before sshd binds them: the fewer the calls in between, the
+    # smaller the chance another socket takes one meanwhile.
+    allowed, other = _free_port(), _free_port()
+    cfg.write_text(
+        f"Port {allowed}\nPort {other}\nListenAddress 127.0.0.1\nHostKey {d / 'host'}\n"
+        f"AuthorizedKeysFile {d / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
+        "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
+        "StrictModes no\nPidFile none\nLogLevel VERBOSE\n"
+    )
     proc = subprocess.Popen(
-        ["/usr/sbin/sshd", "-D", "-e", "-f", str(d / "cfg"), "-E", str(log)],
+        ["/usr/sbin/sshd", "-D", "-e", "-f", str(cfg), "-E", str(log)],
         stdin=subprocess.DEVNULL,
     )
     try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -32,10 +31,12 @@ def _script(workspace: Path, marker: str, tail: str) -> Path:
         f"nohup python3 -c '{py}' {marker}-nohup >/dev/null 2>&1 &\n"
         f"sh -c \"python3 -c '{py}' {marker}-orphan &\"\n"
         # wait until all four are running so none is killed before it started
-        # ("[c]orral-..." keeps grep from counting its own command line)
-        f"for i in $(seq 1 200); do n=$(grep -l '[{marker[0]}]{marker[1:]}' /proc/[0-9]*/cmdline "
+        # ("[c]orral-..." keeps grep from counting its own command line); no
+        # count of tries: on a loaded host four Python starts take seconds,
+        # and the caller's own limits bound a hang
+        f"while n=$(grep -l '[{marker[0]}]{marker[1:]}' /proc/[0-9]*/cmdline "
         "2>/dev/null | wc -l); "
-        f'[ "$n" -ge 4 ] && break; sleep 0.02; done\n'
+        f'[ "$n" -lt 4 ]; do sleep 0.02; done\n'
         f"echo spawned\n{tail}\n"
     )
     script.chmod(0o755)
@@ -54,11 +55,13 @@ def test_daemons_gone_after_normal_exit(corral_exec: ExecFn, workspace: Path, ma
 
 def test_daemons_gone_after_timeout(corral_exec: ExecFn, workspace: Path, marker: str) -> None:
     script = _script(workspace, marker, "sleep 1000")
-    t0 = time.monotonic()
-    out = corral_exec("sh", str(script), opts=("--timeout", "3"))
+    # Long enough for the four survivors to start on a loaded host first.
+    out = corral_exec("sh", str(script), opts=("--timeout", "10"))
     assert out.code == 124, out.stderr
+    assert "spawned" in out.stdout
+    # The kill came from the limit (reason), not from the command ending:
+    # how long a loaded host took around it decides nothing.
     assert out.summary["reason"] == "timeout"
-    assert time.monotonic() - t0 < 20
     assert processes_with(marker) == []
     killed = out.summary["processes_killed_at_end"]
     assert isinstance(killed, int) and killed >= 5
