@@ -46,10 +46,14 @@ def _once(
             os.write(fd, b"0")
 
     t0 = time.perf_counter()
+    # A pipe, never the host's /dev/null: bare `runsc do` (root) fchowns the
+    # descriptors it gets as the container's stdio to its sandbox user, which
+    # left /dev/null owned by nobody (and then re-moded from inside) for
+    # everything else on the host.
     proc = subprocess.run(
         argv,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        input=b"",
+        capture_output=True,
         env=env,
         cwd=cwd,
         check=False,

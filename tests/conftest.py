@@ -8,11 +8,13 @@ untested on the CI machine.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
+import stat
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 from hypothesis import settings
@@ -192,3 +194,36 @@ def _strace() -> str | None:
 
 
 PROBES["requires_strace"] = ("strace is installed (fault injection by syscall count)", _strace)
+
+
+# --- host devices every process shares stay as they were ------------------------
+#: runsc fchowns the descriptors it gets as a container's stdio (a host
+#: /dev/null handed to it came back owned by nobody, then re-moded from inside);
+#: every test is checked, so the one that changes a shared device fails by
+#: name instead of the tests that later cannot open it.
+_SHARED_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/urandom")
+
+
+def _device_ids() -> dict[str, tuple[int, int, int]]:
+    out: dict[str, tuple[int, int, int]] = {}
+    for dev in _SHARED_DEVICES:
+        with contextlib.suppress(OSError):
+            st = os.stat(dev)
+            out[dev] = (st.st_uid, st.st_gid, st.st_mode)
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _shared_devices_untouched() -> Iterator[None]:
+    before = _device_ids()
+    yield
+    after = _device_ids()
+    changed = {d: (before[d], after.get(d)) for d in before if after.get(d) != before[d]}
+    if not changed:
+        return
+    if os.geteuid() == 0:
+        for dev, ((uid, gid, mode), _) in changed.items():
+            with contextlib.suppress(OSError):
+                os.chown(dev, uid, gid)
+                os.chmod(dev, stat.S_IMODE(mode))
+    pytest.fail(f"the test changed host devices (uid, gid, mode) before -> after: {changed}")
