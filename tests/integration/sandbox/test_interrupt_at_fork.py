@@ -39,16 +39,9 @@ DRIVER = textwrap.dedent(
     # The sandboxes' cgroups are named after it: the oracle looks at these only.
     os.write(2, f"PID {os.getpid()}\\n".encode())
 
-    def worst(kid):
-        # "partial": in some of the sandbox's cgroups but not yet in cgroup
-        # v2's, whose cgroup.kill is what a teardown relies on (the bwrap
-        # child joins them one by one); "any": in one of them.
+    def in_sandbox_cgroup(kid):
         lines = open(f"/proc/{kid}/cgroup").read().splitlines()
-        joined = any(":/corral/" in line for line in lines)
-        if trigger == "any":
-            return joined
-        v2 = [line for line in lines if line.startswith("0::")]
-        return joined and not any(":/corral/" in line for line in v2)
+        return any(":/corral/" in line for line in lines)
 
     def probe_marker(kid):
         # "started": a verify probe's process, exec'd (it carries the marker).
@@ -70,7 +63,7 @@ DRIVER = textwrap.dedent(
                 exe = os.readlink(f"/proc/{kid}/exe")
                 if os.path.basename(exe) in ("bwrap", "runsc", "qemu-system-x86_64"):
                     return "execd"
-                if exe == python and worst(kid):
+                if exe == python and in_sandbox_cgroup(kid):
                     return int(kid)
             except OSError:
                 continue
@@ -86,32 +79,14 @@ DRIVER = textwrap.dedent(
                 if trigger == "started":
                     learned.append(probe_marker(seen))
                     os.write(2, f"MARKER {learned[0]}\\n".encode())
-                if trigger in ("any", "started"):
-                    os.kill(os.getpid(), signal.SIGTERM)
-                    os.write(2, b"HIT\\n")
-                    return
-                # Held at that moment, so the race goes the same way every
-                # time: an interrupt that unwinds Popen now leaves the child
-                # to go on alone; one that waits finds it whole.
-                os.kill(seen, signal.SIGSTOP)
-                try:
-                    still = worst(seen)
-                except OSError:
-                    still = False
-                if not still:
-                    os.kill(seen, signal.SIGCONT)
-                    continue
                 os.kill(os.getpid(), signal.SIGTERM)
                 os.write(2, b"HIT\\n")
-                done.wait(5)
-                os.kill(seen, signal.SIGCONT)
                 return
             if seen == "execd":
                 break
         # Missed (the sandbox runs): end this attempt.
         os.kill(os.getpid(), signal.SIGTERM)
 
-    done = threading.Event()
     learned = []
     # The watcher must get the GIL while the main thread waits in Popen.
     sys.setswitchinterval(1e-6)
@@ -129,8 +104,7 @@ DRIVER = textwrap.dedent(
     except BaseException as exc:
         os.write(2, f"RAISED {exc!r}\\n".encode())
         code = 1
-    done.set()
-    # A coordinator or launcher lives on after one sandbox: whatever the
+        # A coordinator or launcher lives on after one sandbox: whatever the
     # interrupted start left running is still there a moment later.
     marker = (learned[0] if learned else sys.argv[-1]).encode()
     deadline = time.monotonic() + 2
