@@ -196,9 +196,12 @@ class CorralBackend(Backend):
             # load 10-20 on 2 cores (probes killed before their first line).
             self.deadline_scale = 12.0
             self.time_scale = 12.0
-            from corral.sandbox.microvm.vm import VMM_OVERHEAD_MIB
+            from corral.sandbox.microvm.vm import GUEST_KERNEL_MIB, VMM_OVERHEAD_MIB
 
-            self.vmm_overhead_mib = MappingProxyType(dict(VMM_OVERHEAD_MIB))
+            # The host cap over `--memory`: the guest kernel's share and QEMU's own.
+            self.vmm_overhead_mib = MappingProxyType(
+                {k: v + GUEST_KERNEL_MIB for k, v in VMM_OVERHEAD_MIB.items()}
+            )
             self.guest_kernel = "the VM's own Linux kernel (QEMU microvm guest)"
         if name == "gvisor":
             self.guest_kernel = "gVisor's user-space kernel (the sentry)"

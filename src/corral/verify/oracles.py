@@ -346,7 +346,7 @@ def host_memory_bound(ev: Evidence, limit: int) -> tuple[int, str]:
         over = ev.vmm_overhead_mib.get(str(layers.get("accel")))
         cap = layers.get("memory_cap_bytes")
         if over is not None and type(cap) is int and cap == limit + (over << 20):
-            return cap, f"VM cap {cap >> 20} MiB (guest {limit >> 20} + VMM overhead {over})"
+            return cap, f"VM cap {cap >> 20} MiB ({limit >> 20} + guest kernel and VMM {over})"
     return limit, f"limit {limit / 2**20:.0f} MiB"
 
 

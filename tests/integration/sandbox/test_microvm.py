@@ -208,7 +208,7 @@ def test_kill_9_of_the_owner_leaves_no_qemu(world: tuple[Path, Path]) -> None:
 
 def test_guest_memory_exhaustion_is_oom_and_the_host_cap_holds(world: tuple[Path, Path]) -> None:
     ws, _ = world
-    # tail -n 1 buffers a newline-free stream whole: 400 MiB in a 128 MiB guest.
+    # tail -n 1 buffers a newline-free stream whole: 400 MiB under --memory 128M.
     spec = SandboxSpec(
         argv=("/bin/bash", "-c", "head -c 400m /dev/zero | tail -n 1 >/dev/null"),
         workspace=str(ws),
@@ -255,6 +255,56 @@ def test_exec_refuses_tcg_unless_kvm_is_explicitly_degraded(world: tuple[Path, P
     dry = _exec("--allow-degraded", "kvm", "--workspace", str(ws), "--dry-run", "--", "true")
     assert dry.returncode == 0, dry.stderr
     assert "qemu-system-x86_64 -M microvm,isa-serial=off -accel tcg" in dry.stdout
+
+
+def test_a_small_memory_limit_is_what_the_command_gets(world: tuple[Path, Path]) -> None:
+    """`--memory 64M`: the guest kernel's own share comes on top, so the VM boots.
+
+    A 64 MiB guest spun until the 180 s boot limit, an 88 MiB one panicked:
+    `--memory` was the guest's whole memory, kernel included.
+    """
+    from corral.sandbox.microvm.vm import GUEST_KERNEL_MIB, VMM_OVERHEAD_MIB
+
+    ws, _ = world
+    spec = SandboxSpec(
+        argv=("/bin/sh", "-c", "grep MemAvailable /proc/meminfo > mem"),
+        workspace=str(ws),
+        env=ENV,
+        allow_degraded=frozenset({"kvm"}),
+        limits=Limits(memory_bytes=64 << 20, timeout_s=120),
+    )
+    sb = _backend().start(spec)
+    try:
+        res = sb.wait()
+    finally:
+        sb.close()
+    assert res.exit == 0, res
+    available_kib = int((ws / "mem").read_text().split()[1])
+    # About what was asked for: at least 7/8 of it, not the guest's whole memory.
+    assert 56 << 10 <= available_kib < (64 + GUEST_KERNEL_MIB) << 10, available_kib
+    accel = str(res.layers["accel"])
+    assert res.layers["memory_cap_bytes"] == (64 + GUEST_KERNEL_MIB + VMM_OVERHEAD_MIB[accel]) << 20
+
+
+def test_allow_unix_is_refused_not_silently_unserved(world: tuple[Path, Path]) -> None:
+    """A host unix socket is not reachable through 9p: the grant cannot be honoured."""
+    ws, _ = world
+    grants = ws.parent / "grants"
+    grants.mkdir()
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.bind(str(grants / "svc.sock"))
+        sock.listen()
+        proc = _exec(
+            *("--allow-degraded", "kvm", "--workspace", str(ws), "--rw", str(grants)),
+            *("--allow-unix", str(grants / "svc.sock"), "--", "/bin/sh", "-c", "echo ran > ran"),
+        )
+    finally:
+        sock.close()
+    assert proc.returncode == 125, proc.stderr
+    first = proc.stderr.splitlines()[0]
+    assert "'unix' unavailable" in first and "--allow-unix" in first, first
+    assert not (ws / "ran").exists()
 
 
 def test_no_setid_file_appears_in_the_workspace_on_the_host(world: tuple[Path, Path]) -> None:

@@ -30,7 +30,7 @@ def _ev(
 def test_vm_peak_within_guest_plus_declared_overhead_is_denied() -> None:
     j = MemoryAbove(LIMIT).judge(_ev(348, 512, TCG))
     assert j.observed == "denied", j.why
-    assert "VM cap 512 MiB (guest 256 + VMM overhead 256)" in j.why
+    assert "VM cap 512 MiB (256 + guest kernel and VMM 256)" in j.why
 
 
 def test_vm_peak_above_its_cap_is_allowed() -> None:
@@ -52,10 +52,11 @@ def test_a_guest_given_more_than_memory_is_held_to_the_limit() -> None:
 
 
 def test_only_the_microvm_backend_declares_a_vmm_overhead() -> None:
-    from corral.sandbox.microvm.vm import VMM_OVERHEAD_MIB
+    from corral.sandbox.microvm.vm import GUEST_KERNEL_MIB, VMM_OVERHEAD_MIB
     from corral.verify.backends import CorralBackend
 
-    assert dict(CorralBackend("microvm").vmm_overhead_mib) == VMM_OVERHEAD_MIB
+    declared = dict(CorralBackend("microvm").vmm_overhead_mib)
+    assert declared == {k: v + GUEST_KERNEL_MIB for k, v in VMM_OVERHEAD_MIB.items()}
     for name in ("namespace", "gvisor", "bwrap-basic"):
         assert not CorralBackend(name).vmm_overhead_mib
 
