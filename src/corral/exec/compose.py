@@ -224,6 +224,12 @@ def execute(
         from corral.exec.cli import quote_argv
 
         sys.stdout.write(quote_argv(sandboxes.preview(spec)) + "\n")
+        if backend.kind == "namespace":
+            from corral.sandbox.namespace import preview_stage
+
+            # Mounts made before bwrap starts: part of what the sandbox gets.
+            for row in preview_stage(spec):
+                sys.stdout.write("# staged: " + quote_argv(row) + "\n")
         if backend.kind == "gvisor":
             import json
 

@@ -116,6 +116,9 @@ class BwrapPlan:
     #: (entry, target) for allowlisted /etc entries that are symlinks into
     #: /usr on the host (`etc_link_target`): recreated as symlinks, not bound.
     etc_links: tuple[tuple[str, str], ...] = ()
+    #: A directory staged before bwrap holding the whole /etc
+    #: (`sandbox.stage`): bound read-only at /etc in place of the entries.
+    etc_stage: str | None = None
 
 
 def _depth_key(bind: StagedBind) -> tuple[int, str]:
@@ -166,6 +169,8 @@ def build_argv(plan: BwrapPlan) -> list[str]:
         argv += [*size, "--tmpfs", spec.home]
     else:
         argv += ["--dir", spec.home]
+    if plan.etc_stage is not None:
+        argv += ["--ro-bind", plan.etc_stage, "/etc"]
     for entry in plan.etc_entries:
         path = posixpath.join("/etc", entry)
         argv += ["--ro-bind", path, path]
