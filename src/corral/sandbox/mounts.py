@@ -51,7 +51,6 @@ _AT_FDCWD = -100
 AT_FDCWD = _AT_FDCWD
 _SYS_OPENAT2 = 437
 _O_PATH = 0o10000000
-_O_NOFOLLOW = 0o400000
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_NO_SYMLINKS = 0x04
 _RESOLVE_BENEATH = 0x08
@@ -284,7 +283,9 @@ def open_beneath(dir_fd: int, rel: bytes) -> int:
     how = ctypes.create_string_buffer(
         struct.pack(
             "QQQ",
-            _O_PATH | _O_CLOEXEC | _O_NOFOLLOW,
+            # Not O_NOFOLLOW: with O_PATH it returns a final symlink itself
+            # instead of the ELOOP that RESOLVE_NO_SYMLINKS gives.
+            _O_PATH | _O_CLOEXEC,
             0,
             _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS,
         )

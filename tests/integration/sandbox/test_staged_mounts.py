@@ -192,3 +192,45 @@ def test_no_stage_mount_survives_the_sandbox(corral_exec: ExecFn) -> None:
     while Path("/proc/self/mountinfo").read_text() != host_before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert Path("/proc/self/mountinfo").read_text() == host_before
+
+
+# Runs in a child of its own (a private mount namespace): a workspace name
+# swapped for a symlink after the scan must not redirect a guard's self-bind.
+_SWAP = r"""
+import os, sys
+from corral.errors import SandboxStartError
+from corral.sandbox import mounts, stage
+mounts.make_private_mount_ns()
+root = mounts.staged_path(0)
+os.mkdir(root)
+os.symlink("/etc", f"{root}/.git")
+os.symlink("/etc", f"{root}/sub")
+out = []
+for rel in (".git", "sub/ssl"):
+    try:
+        stage.self_bind(root, rel, False)
+        out.append("bound")
+    except SandboxStartError as exc:
+        out.append(f"refused {exc.errno}")
+with open("/proc/self/mountinfo") as fh:
+    table = fh.read()
+out.append("mounted" if f" {root}/" in table else "not-mounted")
+print(" ".join(out))
+"""
+
+
+@pytest.mark.requires_root
+def test_a_guard_swapped_for_a_symlink_is_refused_not_followed() -> None:
+    import errno
+
+    done = subprocess.run(
+        [sys.executable, "-c", _SWAP], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [
+        "refused",
+        str(errno.ELOOP),
+        "refused",
+        str(errno.ELOOP),
+        "not-mounted",
+    ]
