@@ -234,3 +234,32 @@ def test_a_guard_swapped_for_a_symlink_is_refused_not_followed() -> None:
         str(errno.ELOOP),
         "not-mounted",
     ]
+
+
+@pytest.mark.requires_root
+def test_dry_run_shows_what_is_staged_and_the_unprivileged_argv_is_unchanged(
+    workspace: Path,
+) -> None:
+    from corral.exec.cli import build_spec, parse_args
+    from corral.sandbox.namespace import preview_argv
+
+    proc = subprocess.run(
+        corral_argv("--workspace", str(workspace), "--dry-run", "--", "true"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    argv, *staged = proc.stdout.splitlines()
+    assert "--ro-bind /run/corral-stage/etc /etc" in argv
+    assert "--ro-bind-data" not in argv and " /etc/" not in argv
+    assert f"# staged: ro-self-bind /run/corral-stage/0/.git {workspace}/.git" in staged
+    assert "# staged: file '(68 bytes)' /run/corral-stage/etc/hosts" in staged
+    assert os.listdir(workspace) == []  # a dry run creates nothing
+    # Without root there is no namespace to stage in: bwrap makes every bind.
+    ns, cmd = parse_args(["--workspace", str(workspace), "--", "true"])
+    plain = preview_argv(build_spec(ns, cmd, {}), root=False)
+    assert "/run/corral-stage/etc" not in plain
+    assert plain[plain.index("/etc/passwd") - 2] == "--ro-bind-data"
+    assert f"{workspace}/.git" in plain
