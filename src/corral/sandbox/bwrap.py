@@ -119,6 +119,9 @@ class BwrapPlan:
     #: A directory staged before bwrap holding the whole /etc
     #: (`sandbox.stage`): bound read-only at /etc in place of the entries.
     etc_stage: str | None = None
+    #: A /dev staged before bwrap (`sandbox.stage.stage_dev`): bound with
+    #: devices allowed in place of `--dev`.
+    dev_stage: str | None = None
 
 
 def _depth_key(bind: StagedBind) -> tuple[int, str]:
@@ -152,7 +155,10 @@ def build_argv(plan: BwrapPlan) -> list[str]:
             argv += ["--ro-bind", f"/{name}", f"/{name}"]
         else:
             argv += ["--symlink", target, f"/{name}"]
-    argv += ["--proc", "/proc", "--dev", "/dev"]
+    if plan.dev_stage is not None:
+        argv += ["--proc", "/proc", "--dev-bind", plan.dev_stage, "/dev"]
+    else:
+        argv += ["--proc", "/proc", "--dev", "/dev"]
     disk = spec.limits.disk_bytes
     # `--size` applies to the next --tmpfs only. Without --disk the areas are
     # bounded by the memory cap alone (tmpfs pages are charged to the cgroup).

@@ -32,8 +32,10 @@ __all__ = [
     "clone_tree",
     "make_private_mount_ns",
     "make_userns_fd",
+    "mount_devpts",
     "mount_tmpfs",
     "open_beneath",
+    "set_nosuid",
     "set_readonly",
     "set_readonly_path",
     "stage_bind",
@@ -68,6 +70,9 @@ _MOUNT_ATTR_IDMAP = 0x00100000
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWUSER = 0x10000000
 _MS_REC = 0x4000
+_MS_NOSUID = 0x2
+_MS_NODEV = 0x4
+_MS_NOEXEC = 0x8
 _MS_PRIVATE = 0x40000
 
 
@@ -237,9 +242,24 @@ def stage_bind(index: int, source: str, writable: bool, userns_fd: int) -> str:
 # -- small clones for `sandbox.stage` (child side, before exec) -------------------
 
 
-def mount_tmpfs(name: bytes, target: str, options: bytes) -> None:
+def mount_tmpfs(name: bytes, target: str, options: bytes, *, nosuid_nodev: bool = False) -> None:
     """Mount a fresh tmpfs called `name` at `target` with `options`."""
-    _check(_libc.mount(name, target.encode(), b"tmpfs", 0, options), f"mount tmpfs on {target}")
+    flags = _MS_NOSUID | _MS_NODEV if nosuid_nodev else 0
+    _check(_libc.mount(name, target.encode(), b"tmpfs", flags, options), f"mount tmpfs on {target}")
+
+
+def mount_devpts(target: str) -> None:
+    """A new devpts instance at `target`, as bwrap's --dev mounts it."""
+    _check(
+        _libc.mount(
+            b"devpts",
+            target.encode(),
+            b"devpts",
+            _MS_NOSUID | _MS_NOEXEC,
+            b"newinstance,ptmxmode=0666,mode=620",
+        ),
+        f"mount devpts on {target}",
+    )
 
 
 def clone_tree(dfd: int, path: bytes, *, follow: bool) -> int:
@@ -252,8 +272,12 @@ def clone_tree(dfd: int, path: bytes, *, follow: bool) -> int:
     return _check(_libc.syscall(_SYS_OPEN_TREE, dfd, path, flags), f"open_tree({path!r})")
 
 
-def _setattr(dfd: int, path: bytes, what: str) -> None:
-    attr_set = _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV
+def _setattr(dfd: int, path: bytes, what: str, *, devices: bool = False) -> None:
+    attr_set = (
+        _MOUNT_ATTR_NOSUID
+        if devices
+        else _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV
+    )
     attr = ctypes.create_string_buffer(struct.pack("QQQQ", attr_set, 0, 0, 0))
     flags = _AT_RECURSIVE | (_AT_EMPTY_PATH if not path else 0)
     _check(
@@ -265,6 +289,11 @@ def _setattr(dfd: int, path: bytes, what: str) -> None:
 def set_readonly(tree: int, what: str) -> None:
     """Make every mount of clone `tree` read-only, nosuid and nodev."""
     _setattr(tree, b"", what)
+
+
+def set_nosuid(tree: int, what: str) -> None:
+    """Make every mount of clone `tree` nosuid (a device node stays usable)."""
+    _setattr(tree, b"", what, devices=True)
 
 
 def set_readonly_path(path: str) -> None:

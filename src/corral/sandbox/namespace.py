@@ -466,6 +466,7 @@ class NamespaceSandbox:
                         mounts.make_private_mount_ns()
                         for i, (path, writable) in enumerate(binds):
                             mounts.stage_bind(i, path, writable, userns_fd)
+                        stage.stage_dev(host_uid, host_gid)
                         if etc_stage is not None:
                             stage.stage_etc(etc_stage)
                         for root, rel, writable, _ in self_binds:
@@ -1262,6 +1263,8 @@ def bwrap_plan(
         etc_entries=() if staged_etc else tuple(e for e in _etc_entries() if e not in linked),
         etc_links=etc_links,
         etc_stage=stage.ETC_STAGE if staged_etc else None,
+        # Staged with /etc: only the root child has a namespace to build it in.
+        dev_stage=stage.DEV_STAGE if staged_etc else None,
         binds=staged,
         data_files=tuple(zip(dests, data_fds, strict=True)),
         init_argv=init_argv,
@@ -1318,4 +1321,4 @@ def preview_stage(spec: SandboxSpec, *, root: bool | None = None) -> list[tuple[
     """(what, source, destination) of the mounts `start()` stages before bwrap
     (`sandbox.stage`); empty when not root."""
     _, etc, selfs = _preview(spec, root)
-    return stage.describe(etc, selfs)
+    return stage.describe(etc, selfs, dev=etc is not None)

@@ -14,6 +14,8 @@ gets one recursive bind per tree:
   allowlisted host entry, the symlinks into /usr and the synthesized files
   (passwd, group, hosts, ssh_config), then made read-only as a whole; bwrap
   binds it with one `--ro-bind ETC_STAGE /etc`.
+* `/dev`: what bwrap 0.8's `--dev` builds (`stage_dev`), bound with one
+  `--dev-bind`.
 * the protection binds (`sandbox/protect.py`: read-only guards over
   host-executed names, writable pins of their parent directories): bound over
   themselves inside the staged tree, so bwrap's one `--bind` of that tree
@@ -27,7 +29,7 @@ unmounted, even with CAP_SYS_ADMIN in the sandbox's user namespace, unlike
 the read-only binds bwrap makes itself. Nothing here is visible in the host's
 mount namespace, and the mounts vanish with the child's namespace.
 
-`plan_etc` is pure; `stage_etc` and `self_bind` run in the forked child
+`plan_etc` is pure; `stage_dev`, `stage_etc` and `self_bind` run in the forked child
 before exec (no imports, no locks: raw syscalls through `mounts`).
 """
 
@@ -41,6 +43,7 @@ from corral.sandbox import mounts
 from corral.sandbox.bwrap import StagedBind
 
 __all__ = [
+    "DEV_STAGE",
     "ETC_STAGE",
     "EtcStage",
     "SelfBind",
@@ -48,11 +51,23 @@ __all__ = [
     "plan_etc",
     "self_bind",
     "split_protect",
+    "stage_dev",
     "stage_etc",
 ]
 
 #: The staged /etc, a tmpfs of its own inside the stage directory.
 ETC_STAGE = f"{mounts.STAGE_DIR}/etc"
+#: The staged /dev (bwrap's --dev, built here).
+DEV_STAGE = f"{mounts.STAGE_DIR}/dev"
+_DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+_DEV_LINKS = (
+    ("stdin", "/proc/self/fd/0"),
+    ("stdout", "/proc/self/fd/1"),
+    ("stderr", "/proc/self/fd/2"),
+    ("fd", "/proc/self/fd"),
+    ("core", "/proc/kcore"),
+    ("ptmx", "pts/ptmx"),
+)
 _PAGE = 4096
 
 
@@ -112,9 +127,16 @@ def split_protect(
     return tuple(own), tuple(rest)
 
 
-def describe(etc: EtcStage | None, selfs: tuple[SelfBind, ...]) -> list[tuple[str, str, str]]:
+def describe(
+    etc: EtcStage | None, selfs: tuple[SelfBind, ...], *, dev: bool = False
+) -> list[tuple[str, str, str]]:
     """(what, source, destination) of every staged mount, for `--dry-run` (pure)."""
     out: list[tuple[str, str, str]] = []
+    if dev:
+        out += [("dev-clone", f"/dev/{n}", f"{DEV_STAGE}/{n}") for n in _DEV_NODES]
+        out += [("symlink", t, f"{DEV_STAGE}/{n}") for n, t in _DEV_LINKS]
+        out.append(("devpts", "newinstance,ptmxmode=0666,mode=620", f"{DEV_STAGE}/pts"))
+        out.append(("dev-clone", "(the terminal on stdout, if any)", f"{DEV_STAGE}/console"))
     if etc is not None:
         out += [("ro-clone", f"/etc/{e}", f"{ETC_STAGE}/{e}") for e in etc.entries]
         out += [("symlink", t, f"{ETC_STAGE}/{e}") for e, t in etc.links]
@@ -122,6 +144,43 @@ def describe(etc: EtcStage | None, selfs: tuple[SelfBind, ...]) -> list[tuple[st
     for root, rel, writable, dest in selfs:
         out.append(("self-bind" if writable else "ro-self-bind", f"{root}/{rel}", dest))
     return out
+
+
+def stage_dev(uid: int, gid: int) -> None:
+    """bwrap's `--dev` at DEV_STAGE (child side, before exec), for one `--dev-bind`.
+
+    As bwrap 0.8 builds it: a nosuid,nodev tmpfs owned by the sandbox's host
+    uid, binds of six host device nodes (nosuid), the /proc/self/fd links,
+    `shm` and `pts` owned by the sandbox, a new devpts instance on `pts`
+    (ptmxmode=0666, mode=620) with `ptmx` linked to it, and when stdout is a
+    terminal (corral's pty relay) that terminal as `console`.
+    """
+    os.mkdir(DEV_STAGE, 0o755)
+    mounts.mount_tmpfs(
+        b"tmpfs", DEV_STAGE, f"mode=0755,uid={uid},gid={gid}".encode(), nosuid_nodev=True
+    )
+    nodes = [(f"/dev/{n}", n) for n in _DEV_NODES]
+    if os.isatty(1):
+        nodes.append((os.ttyname(1), "console"))
+    for src, name in nodes:
+        target = f"{DEV_STAGE}/{name}"
+        os.close(os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o444))
+        os.chown(target, uid, gid)
+        tree = mounts.clone_tree(mounts.AT_FDCWD, src.encode(), follow=False)
+        try:
+            mounts.set_nosuid(tree, src)
+            mounts.attach(tree, mounts.AT_FDCWD, target.encode(), src)
+        finally:
+            os.close(tree)
+    for name, link in _DEV_LINKS:
+        path = f"{DEV_STAGE}/{name}"
+        os.symlink(link, path)
+        os.lchown(path, uid, gid)
+    for name in ("shm", "pts"):
+        path = f"{DEV_STAGE}/{name}"
+        os.mkdir(path, 0o755)
+        os.chown(path, uid, gid)
+    mounts.mount_devpts(f"{DEV_STAGE}/pts")
 
 
 def stage_etc(etc: EtcStage) -> None:

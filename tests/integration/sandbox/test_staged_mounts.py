@@ -263,3 +263,45 @@ def test_dry_run_shows_what_is_staged_and_the_unprivileged_argv_is_unchanged(
     assert "/run/corral-stage/etc" not in plain
     assert plain[plain.index("/etc/passwd") - 2] == "--ro-bind-data"
     assert f"{workspace}/.git" in plain
+
+
+def test_dev_is_what_bwraps_dev_builds(corral_exec: ExecFn) -> None:
+    """As root /dev is staged (`stage.stage_dev`) and bound with one --dev-bind;
+    the sandbox must get what bwrap's --dev gives: the same names, nodes,
+    links, options, a working pty from its own devpts, a writable /dev/shm."""
+    script = (
+        "cd /dev && for f in $(ls -A); do"
+        ' if [ -L "$f" ]; then echo "$f link $(readlink "$f")";'
+        ' elif [ -c "$f" ]; then echo "$f char $(stat -c "%a %t:%T" "$f")";'
+        ' else echo "$f dir $(stat -c "%a %u" "$f")"; fi; done;'
+        ' awk \'$5 ~ "^/dev" {print "mount", $5, $6, $9}\' /proc/self/mountinfo;'
+        " echo x > /dev/shm/probe && echo shm writable;"
+        ' python3 -c "import os, pty; m, s = pty.openpty(); os.write(s, b\\"ok\\");'
+        ' print(\\"pty\\", os.read(m, 2).decode(), os.stat(os.ttyname(s)).st_uid)"'
+    )
+    out = corral_exec("sh", "-c", script)
+    assert out.code == 0, out.stderr
+    got = set(out.stdout.strip().splitlines())
+    want = {
+        "core link /proc/kcore",
+        "fd link /proc/self/fd",
+        "full char 666 1:7",
+        "null char 666 1:3",
+        "ptmx link pts/ptmx",
+        "pts dir 755 " + next(r.split()[-1] for r in got if r.startswith("pts dir")),
+        "random char 666 1:8",
+        "shm dir 755 1000",
+        "stderr link /proc/self/fd/2",
+        "stdin link /proc/self/fd/0",
+        "stdout link /proc/self/fd/1",
+        "tty char 666 5:0",
+        "urandom char 666 1:9",
+        "zero char 666 1:5",
+        "mount /dev rw,nosuid,nodev,relatime tmpfs",
+        *(f"mount /dev/{n} rw,nosuid,relatime devtmpfs" for n in ("null", "zero", "full")),
+        *(f"mount /dev/{n} rw,nosuid,relatime devtmpfs" for n in ("random", "urandom", "tty")),
+        "mount /dev/pts rw,nosuid,noexec,relatime devpts",
+        "shm writable",
+        "pty ok 1000",
+    }
+    assert got == want

@@ -247,3 +247,10 @@ def test_staged_etc_is_one_read_only_bind_in_place_of_the_entries() -> None:
     assert argv[i - 1 : i + 2] == ["--ro-bind", "/run/corral-stage/etc", "/etc"]
     assert [a for a in argv if a.startswith("/etc")] == ["/etc"]
     assert argv.index("/home/corral") < i < argv.index("/work/p")
+
+
+def test_staged_dev_is_one_device_bind_in_place_of_dev() -> None:
+    argv = build_argv(_plan(dev_stage="/run/corral-stage/dev"))
+    i = argv.index("--dev-bind")
+    assert argv[i - 2 : i + 3] == ["--proc", "/proc", "--dev-bind", "/run/corral-stage/dev", "/dev"]
+    assert "--dev" not in argv

@@ -57,3 +57,10 @@ def test_describe_names_every_staged_mount_and_its_destination() -> None:
         ("file", "(1 bytes)", f"{ETC_STAGE}/hosts"),
         ("ro-self-bind", "/run/corral-stage/0/.bashrc", "/w/.bashrc"),
     ]
+
+
+def test_describe_shows_the_staged_dev() -> None:
+    rows = describe(None, (), dev=True)
+    assert ("dev-clone", "/dev/null", "/run/corral-stage/dev/null") in rows
+    assert ("symlink", "pts/ptmx", "/run/corral-stage/dev/ptmx") in rows
+    assert [r[0] for r in rows].count("devpts") == 1
