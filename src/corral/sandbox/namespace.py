@@ -1225,7 +1225,8 @@ def _stage_for(
     """
     if not root:
         return None, (), protect_binds
-    etc, _ = stage.plan_etc(_etc_entries(), _etc_links(), _data_files(spec, init_files))
+    dests = tuple((b.path, os.path.isdir(b.path)) for b in spec.binds)
+    etc, _ = stage.plan_etc(_etc_entries(), _etc_links(), _data_files(spec, init_files), dests)
     selfs, rest = stage.split_protect(protect_binds, tuple(b.source for b in staged))
     return etc, selfs, rest
 

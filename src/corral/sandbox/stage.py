@@ -83,26 +83,39 @@ class EtcStage:
     #: (relative path, content): synthesized files; a parent directory that
     #: is not an entry (`ssh` for ssh/ssh_config) is created.
     files: tuple[tuple[str, bytes], ...]
+    #: (relative path, is a directory): where a user bind (`--ro /etc/ssh`)
+    #: lands outside every entry; made here, since bwrap cannot create a
+    #: mountpoint in the read-only staged /etc.
+    mountpoints: tuple[tuple[str, bool], ...] = ()
 
     def size_option(self) -> bytes:
         """The tmpfs size: each file rounded to pages, plus slack for the inodes."""
         pages = sum(-(-len(c) // _PAGE) for _, c in self.files) + 8
-        return f"mode=0755,size={pages * _PAGE},nr_inodes={len(self.entries) + 64}".encode()
+        inodes = len(self.entries) + 64 + sum(p.count("/") + 1 for p, _ in self.mountpoints)
+        return f"mode=0755,size={pages * _PAGE},nr_inodes={inodes}".encode()
 
 
 def plan_etc(
     entries: tuple[str, ...],
     links: tuple[tuple[str, str], ...],
     data_files: list[tuple[str, bytes]],
+    bind_dests: tuple[tuple[str, bool], ...] = (),
 ) -> tuple[EtcStage, list[tuple[str, bytes]]]:
     """Split the data files: those under /etc go into the stage (pure).
 
+    `bind_dests` are (destination, is a directory) of the user binds.
     Returns the stage and the data files bwrap still places (outside /etc).
     """
     staged = [(d.removeprefix("/etc/"), c) for d, c in data_files if d.startswith("/etc/")]
     rest = [(d, c) for d, c in data_files if not d.startswith("/etc/")]
     linked = {e for e, _ in links}
-    return EtcStage(tuple(e for e in entries if e not in linked), links, tuple(staged)), rest
+    cloned = [e for e in entries if e not in linked]
+    points = tuple(
+        (d.removeprefix("/etc/"), is_dir)
+        for d, is_dir in bind_dests
+        if d.startswith("/etc/") and d.removeprefix("/etc/").split("/")[0] not in entries
+    )
+    return EtcStage(tuple(cloned), links, tuple(staged), points), rest
 
 
 #: (staged tree, path relative to it, writable, where the sandbox sees it).
@@ -141,6 +154,7 @@ def describe(
         out += [("ro-clone", f"/etc/{e}", f"{ETC_STAGE}/{e}") for e in etc.entries]
         out += [("symlink", t, f"{ETC_STAGE}/{e}") for e, t in etc.links]
         out += [("file", f"({len(c)} bytes)", f"{ETC_STAGE}/{p}") for p, c in etc.files]
+        out += [("mountpoint", "(for a user bind)", f"{ETC_STAGE}/{p}") for p, _ in etc.mountpoints]
     for root, rel, writable, dest in selfs:
         out.append(("self-bind" if writable else "ro-self-bind", f"{root}/{rel}", dest))
     return out
@@ -205,6 +219,13 @@ def stage_etc(etc: EtcStage) -> None:
             os.close(tree)
     for name, target in etc.links:
         os.symlink(target, f"{ETC_STAGE}/{name}")
+    for rel, is_dir in etc.mountpoints:
+        path = f"{ETC_STAGE}/{rel}"
+        os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
+        if is_dir:
+            os.makedirs(path, 0o755, exist_ok=True)
+        elif not os.path.lexists(path):
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o644))
     for rel, content in etc.files:
         path = f"{ETC_STAGE}/{rel}"
         parent = os.path.dirname(path)

@@ -305,3 +305,16 @@ def test_dev_is_what_bwraps_dev_builds(corral_exec: ExecFn) -> None:
         "pty ok 1000",
     }
     assert got == want
+
+
+def test_a_grant_under_etc_gets_its_mountpoint(corral_exec: ExecFn) -> None:
+    """`--ro /etc/ssh` lands outside every allowlisted entry: the staged /etc
+    is read-only by then, so its mountpoint is made while it is staged."""
+    if not os.path.isdir("/etc/ssh"):
+        pytest.skip("no /etc/ssh on this host")
+    out = corral_exec("sh", "-c", "ls -A /etc/ssh; echo ---; ls -A /etc", opts=("--ro", "/etc/ssh"))
+    assert out.code == 0, out.stderr
+    inside, listing = out.stdout.split("---\n")
+    assert sorted(inside.split()) == sorted(os.listdir("/etc/ssh"))
+    names = {e for e in bw.ETC_ALLOWLIST if os.path.lexists(f"/etc/{e}")}
+    assert set(listing.split()) == names | {"passwd", "group", "hosts", "ssh"}

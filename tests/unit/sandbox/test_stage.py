@@ -64,3 +64,14 @@ def test_describe_shows_the_staged_dev() -> None:
     assert ("dev-clone", "/dev/null", "/run/corral-stage/dev/null") in rows
     assert ("symlink", "pts/ptmx", "/run/corral-stage/dev/ptmx") in rows
     assert [r[0] for r in rows].count("devpts") == 1
+
+
+def test_user_binds_under_etc_outside_the_entries_get_mountpoints() -> None:
+    etc, _ = plan_etc(
+        ("ssl",),
+        (),
+        [],
+        (("/etc/ssh", True), ("/etc/ssl/certs", True), ("/etc/x/y.conf", False), ("/d", True)),
+    )
+    # Inside a cloned entry the host path (and so the clone) already has it.
+    assert etc.mountpoints == (("ssh", True), ("x/y.conf", False))
