@@ -9,8 +9,10 @@ Start-up, in order (each step fails closed):
 2. create the sandbox's cgroup with its limits;
 3. fork; in the child (before exec): join the cgroup, and when corral is root
    enter a private mount namespace, stage idmapped clones of the workspace and
-   the --ro/--rw paths, drop to the sandbox's own unprivileged host uid
-   (`uids.allocate`; as root, bwrap would keep its capabilities), set
+   the --ro/--rw paths, build /etc, /dev and the protection guards there
+   (`stage`: bwrap then needs a handful of binds, not ~60), drop to the
+   sandbox's own unprivileged host uid (`uids.allocate`; as root, bwrap
+   would keep its capabilities), set
    PDEATHSIG, install the connect() notification filter and send its
    listener to corral, whose `unix_supervisor` thread answers it (M3); then
    exec bwrap with the seccomp filter as `--seccomp FD` and stdio that holds
@@ -466,8 +468,8 @@ class NamespaceSandbox:
                         mounts.make_private_mount_ns()
                         for i, (path, writable) in enumerate(binds):
                             mounts.stage_bind(i, path, writable, userns_fd)
-                        stage.stage_dev(host_uid, host_gid)
-                        if etc_stage is not None:
+                        if etc_stage is not None:  # with it the plan binds the staged /dev
+                            stage.stage_dev(host_uid, host_gid)
                             stage.stage_etc(etc_stage)
                         for root, rel, writable, _ in self_binds:
                             stage.self_bind(root, rel, writable)
