@@ -223,7 +223,13 @@ def execute(
     if dry_run:
         from corral.exec.cli import quote_argv
 
-        sys.stdout.write(quote_argv(sandboxes.preview(spec)) + "\n")
+        lines = [quote_argv(sandboxes.preview(spec))]
+        if backend.kind == "namespace":
+            from corral.sandbox.namespace import preview_stage
+
+            # Mounts made before bwrap starts: part of what the sandbox gets.
+            lines += ["# staged: " + quote_argv(row) for row in preview_stage(spec)]
+        sys.stdout.write("\n".join(lines) + "\n")
         if backend.kind == "gvisor":
             import json
 

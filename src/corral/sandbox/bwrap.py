@@ -116,6 +116,12 @@ class BwrapPlan:
     #: (entry, target) for allowlisted /etc entries that are symlinks into
     #: /usr on the host (`etc_link_target`): recreated as symlinks, not bound.
     etc_links: tuple[tuple[str, str], ...] = ()
+    #: A directory staged before bwrap holding the whole /etc
+    #: (`sandbox.stage`): bound read-only at /etc in place of the entries.
+    etc_stage: str | None = None
+    #: A /dev staged before bwrap (`sandbox.stage.stage_dev`): bound with
+    #: devices allowed in place of `--dev`.
+    dev_stage: str | None = None
 
 
 def _depth_key(bind: StagedBind) -> tuple[int, str]:
@@ -149,7 +155,10 @@ def build_argv(plan: BwrapPlan) -> list[str]:
             argv += ["--ro-bind", f"/{name}", f"/{name}"]
         else:
             argv += ["--symlink", target, f"/{name}"]
-    argv += ["--proc", "/proc", "--dev", "/dev"]
+    if plan.dev_stage is not None:
+        argv += ["--proc", "/proc", "--dev-bind", plan.dev_stage, "/dev"]
+    else:
+        argv += ["--proc", "/proc", "--dev", "/dev"]
     disk = spec.limits.disk_bytes
     # `--size` applies to the next --tmpfs only. Without --disk the areas are
     # bounded by the memory cap alone (tmpfs pages are charged to the cgroup).
@@ -166,6 +175,8 @@ def build_argv(plan: BwrapPlan) -> list[str]:
         argv += [*size, "--tmpfs", spec.home]
     else:
         argv += ["--dir", spec.home]
+    if plan.etc_stage is not None:
+        argv += ["--ro-bind", plan.etc_stage, "/etc"]
     for entry in plan.etc_entries:
         path = posixpath.join("/etc", entry)
         argv += ["--ro-bind", path, path]

@@ -26,9 +26,18 @@ from corral.errors import SandboxStartError
 from corral.sandbox.grants import open_grant
 
 __all__ = [
+    "AT_FDCWD",
     "STAGE_DIR",
+    "attach",
+    "clone_tree",
     "make_private_mount_ns",
     "make_userns_fd",
+    "mount_devpts",
+    "mount_tmpfs",
+    "open_beneath",
+    "set_nosuid",
+    "set_readonly",
+    "set_readonly_path",
     "stage_bind",
     "staged_path",
     "userns_fd",
@@ -41,6 +50,13 @@ _SYS_OPEN_TREE = 428
 _SYS_MOVE_MOUNT = 429
 _SYS_MOUNT_SETATTR = 442
 _AT_FDCWD = -100
+AT_FDCWD = _AT_FDCWD
+_SYS_OPENAT2 = 437
+_O_PATH = 0o10000000
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_NO_SYMLINKS = 0x04
+_RESOLVE_BENEATH = 0x08
+_MOVE_MOUNT_T_EMPTY_PATH = 0x40
 _AT_EMPTY_PATH = 0x1000
 _AT_RECURSIVE = 0x8000
 _AT_SYMLINK_NOFOLLOW = 0x100
@@ -54,6 +70,9 @@ _MOUNT_ATTR_IDMAP = 0x00100000
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWUSER = 0x10000000
 _MS_REC = 0x4000
+_MS_NOSUID = 0x2
+_MS_NODEV = 0x4
+_MS_NOEXEC = 0x8
 _MS_PRIVATE = 0x40000
 
 
@@ -218,3 +237,86 @@ def stage_bind(index: int, source: str, writable: bool, userns_fd: int) -> str:
         return target
     finally:
         os.close(tree)
+
+
+# -- small clones for `sandbox.stage` (child side, before exec) -------------------
+
+
+def mount_tmpfs(name: bytes, target: str, options: bytes, *, nosuid_nodev: bool = False) -> None:
+    """Mount a fresh tmpfs called `name` at `target` with `options`."""
+    flags = _MS_NOSUID | _MS_NODEV if nosuid_nodev else 0
+    _check(_libc.mount(name, target.encode(), b"tmpfs", flags, options), f"mount tmpfs on {target}")
+
+
+def mount_devpts(target: str) -> None:
+    """A new devpts instance at `target`, as bwrap's --dev mounts it."""
+    _check(
+        _libc.mount(
+            b"devpts",
+            target.encode(),
+            b"devpts",
+            _MS_NOSUID | _MS_NOEXEC,
+            b"newinstance,ptmxmode=0666,mode=620",
+        ),
+        f"mount devpts on {target}",
+    )
+
+
+def clone_tree(dfd: int, path: bytes, *, follow: bool) -> int:
+    """A detached recursive clone of the mount at `dfd`/`path` (b"": `dfd` itself)."""
+    flags = _OPEN_TREE_CLONE | _O_CLOEXEC | _AT_RECURSIVE
+    if not path:
+        flags |= _AT_EMPTY_PATH
+    elif not follow:
+        flags |= _AT_SYMLINK_NOFOLLOW
+    return _check(_libc.syscall(_SYS_OPEN_TREE, dfd, path, flags), f"open_tree({path!r})")
+
+
+def _setattr(dfd: int, path: bytes, what: str, *, devices: bool = False) -> None:
+    attr_set = (
+        _MOUNT_ATTR_NOSUID
+        if devices
+        else _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV
+    )
+    attr = ctypes.create_string_buffer(struct.pack("QQQQ", attr_set, 0, 0, 0))
+    flags = _AT_RECURSIVE | (_AT_EMPTY_PATH if not path else 0)
+    _check(
+        _libc.syscall(_SYS_MOUNT_SETATTR, dfd, path, flags, attr, 32),
+        f"read-only clone of {what}",
+    )
+
+
+def set_readonly(tree: int, what: str) -> None:
+    """Make every mount of clone `tree` read-only, nosuid and nodev."""
+    _setattr(tree, b"", what)
+
+
+def set_nosuid(tree: int, what: str) -> None:
+    """Make every mount of clone `tree` nosuid (a device node stays usable)."""
+    _setattr(tree, b"", what, devices=True)
+
+
+def set_readonly_path(path: str) -> None:
+    """Make the mount at `path` and every mount below it read-only, nosuid and nodev."""
+    _setattr(_AT_FDCWD, path.encode(), path)
+
+
+def attach(tree: int, dfd: int, path: bytes, what: str) -> None:
+    """Attach clone `tree` at `dfd`/`path` (b"": on `dfd` itself)."""
+    flags = _MOVE_MOUNT_F_EMPTY_PATH | (_MOVE_MOUNT_T_EMPTY_PATH if not path else 0)
+    _check(_libc.syscall(_SYS_MOVE_MOUNT, tree, b"", dfd, path, flags), f"move_mount({what})")
+
+
+def open_beneath(dir_fd: int, rel: bytes) -> int:
+    """An O_PATH descriptor of `rel` beneath `dir_fd`, following no symlink."""
+    how = ctypes.create_string_buffer(
+        struct.pack(
+            "QQQ",
+            # Not O_NOFOLLOW: with O_PATH it returns a final symlink itself
+            # instead of the ELOOP that RESOLVE_NO_SYMLINKS gives.
+            _O_PATH | _O_CLOEXEC,
+            0,
+            _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS,
+        )
+    )
+    return _check(_libc.syscall(_SYS_OPENAT2, dir_fd, rel, how, 24), f"open {rel!r}")

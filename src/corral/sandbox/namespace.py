@@ -9,8 +9,10 @@ Start-up, in order (each step fails closed):
 2. create the sandbox's cgroup with its limits;
 3. fork; in the child (before exec): join the cgroup, and when corral is root
    enter a private mount namespace, stage idmapped clones of the workspace and
-   the --ro/--rw paths, drop to the sandbox's own unprivileged host uid
-   (`uids.allocate`; as root, bwrap would keep its capabilities), set
+   the --ro/--rw paths, build /etc, /dev and the protection guards there
+   (`stage`: bwrap then needs a handful of binds, not ~60), drop to the
+   sandbox's own unprivileged host uid (`uids.allocate`; as root, bwrap
+   would keep its capabilities), set
    PDEATHSIG, install the connect() notification filter and send its
    listener to corral, whose `unix_supervisor` thread answers it (M3); then
    exec bwrap with the seccomp filter as `--seccomp FD` and stdio that holds
@@ -44,7 +46,7 @@ from types import MappingProxyType
 from corral._payload import path as payload_path
 from corral.errors import CgroupError, LayerUnavailableError, SandboxStartError
 from corral.sandbox import bwrap as bw
-from corral.sandbox import interrupts, mounts
+from corral.sandbox import interrupts, mounts, stage
 from corral.sandbox.cgroup import Cgroup, CgroupLayout, CgroupUsage, detect_layout, sweep_stale
 from corral.sandbox.handle import CgroupProcessHandle
 from corral.sandbox.spec import ExecResult, SandboxSpec
@@ -385,7 +387,8 @@ class NamespaceSandbox:
                 seccomp_log_fd=seccomp_log_fd,
             )
             data_fds: list[int] = []
-            for dest, content in _data_files(spec, init_files):
+            # As root, the files under /etc go into the staged /etc (`stage`).
+            for dest, content in _bwrap_data(spec, init_files, staged_etc=self.is_root):
                 fd = _memfd(os.path.basename(dest), content)
                 fds_to_close.append(fd)
                 pass_fds.append(fd)
@@ -430,6 +433,9 @@ class NamespaceSandbox:
 
                 protect_binds, placeholders = start_protection(spec, staged, cache_dir())
                 layers.active["protect"] = placeholders.summary
+            etc_stage, self_binds, protect_binds = _stage_for(
+                spec, init_files, staged, protect_binds, root=self.is_root
+            )
 
             plan = bwrap_plan(
                 spec,
@@ -442,6 +448,7 @@ class NamespaceSandbox:
                 block_fd=block_r,
                 json_status_fd=bwrap_status_w,
                 protect_binds=protect_binds,
+                etc_stage=etc_stage,
             )
             argv = bw.build_argv(plan)
             parent = os.getpid()
@@ -461,6 +468,11 @@ class NamespaceSandbox:
                         mounts.make_private_mount_ns()
                         for i, (path, writable) in enumerate(binds):
                             mounts.stage_bind(i, path, writable, userns_fd)
+                        if etc_stage is not None:  # with it the plan binds the staged /dev
+                            stage.stage_dev(host_uid, host_gid)
+                            stage.stage_etc(etc_stage)
+                        for root, rel, writable, _ in self_binds:
+                            stage.self_bind(root, rel, writable)
                         os.setgroups([])
                         os.setresgid(host_gid, host_gid, host_gid)
                         os.setresuid(host_uid, host_uid, host_uid)
@@ -1192,6 +1204,35 @@ def _data_files(spec: SandboxSpec, init_files: list[tuple[str, bytes]]) -> list[
     ]
 
 
+def _bwrap_data(
+    spec: SandboxSpec, init_files: list[tuple[str, bytes]], *, staged_etc: bool
+) -> list[tuple[str, bytes]]:
+    """The data files bwrap places (`_data_files`, less those a staged /etc holds)."""
+    files = _data_files(spec, init_files)
+    return [f for f in files if not f[0].startswith("/etc/")] if staged_etc else files
+
+
+def _stage_for(
+    spec: SandboxSpec,
+    init_files: list[tuple[str, bytes]],
+    staged: tuple[bw.StagedBind, ...],
+    protect_binds: tuple[bw.StagedBind, ...],
+    *,
+    root: bool,
+) -> tuple[stage.EtcStage | None, tuple[stage.SelfBind, ...], tuple[bw.StagedBind, ...]]:
+    """(staged /etc, self-binds in the staged trees, the protection binds bwrap still makes).
+
+    Only when root: the unprivileged path has no private mount namespace
+    before bwrap, so bwrap makes every bind itself.
+    """
+    if not root:
+        return None, (), protect_binds
+    dests = tuple((b.path, os.path.isdir(b.path)) for b in spec.binds)
+    etc, _ = stage.plan_etc(_etc_entries(), _etc_links(), _data_files(spec, init_files), dests)
+    selfs, rest = stage.split_protect(protect_binds, tuple(b.source for b in staged))
+    return etc, selfs, rest
+
+
 def bwrap_plan(
     spec: SandboxSpec,
     *,
@@ -1204,23 +1245,29 @@ def bwrap_plan(
     info_fd: int | None = None,
     block_fd: int | None = None,
     protect_binds: tuple[bw.StagedBind, ...] = (),
+    etc_stage: stage.EtcStage | None = None,
 ) -> bw.BwrapPlan:
     """The one place the bwrap plan is built, for `start()` and for `--dry-run`.
 
-    `init` is `init_command`'s result; `data_fds` hold `_data_files` in order.
+    `init` is `init_command`'s result; `data_fds` hold `_bwrap_data` in order.
+    With `etc_stage` (`_stage_for`) /etc is one bind of the staged directory.
     """
     init_argv, init_files, init_binds = init
-    dests = [d for d, _ in _data_files(spec, init_files)]
+    staged_etc = etc_stage is not None
+    dests = [d for d, _ in _bwrap_data(spec, init_files, staged_etc=staged_etc)]
     if len(dests) != len(data_fds):
         raise SandboxStartError(0, f"{len(dests)} data files but {len(data_fds)} descriptors")
-    etc_links = _etc_links()
+    etc_links = () if staged_etc else _etc_links()
     linked = {e for e, _ in etc_links}
     return bw.BwrapPlan(
         bwrap=bwrap,
         spec=spec,
         system_links=_system_links(),
-        etc_entries=tuple(e for e in _etc_entries() if e not in linked),
+        etc_entries=() if staged_etc else tuple(e for e in _etc_entries() if e not in linked),
         etc_links=etc_links,
+        etc_stage=stage.ETC_STAGE if staged_etc else None,
+        # Staged with /etc: only the root child has a namespace to build it in.
+        dev_stage=stage.DEV_STAGE if staged_etc else None,
         binds=staged,
         data_files=tuple(zip(dests, data_fds, strict=True)),
         init_argv=init_argv,
@@ -1239,8 +1286,9 @@ def bwrap_plan(
     )
 
 
-def preview_argv(spec: SandboxSpec, *, root: bool | None = None) -> list[str]:
-    """The bwrap argv `start()` would use, with placeholder descriptor numbers."""
+def _preview(
+    spec: SandboxSpec, root: bool | None
+) -> tuple[bw.BwrapPlan, stage.EtcStage | None, tuple[stage.SelfBind, ...]]:
     from corral.sandbox import landlock
     from corral.sandbox.initbin import init_binary
     from corral.sandbox.protect import preview_protection
@@ -1250,14 +1298,30 @@ def preview_argv(spec: SandboxSpec, *, root: bool | None = None) -> list[str]:
     init = init_command(
         spec, binary=init_binary(cache_dir()), abi=landlock.abi_version(), status_fd=3, hold_fd=4
     )
+    protect = preview_protection(spec, staged) if spec.protect else ()
+    etc, selfs, protect = _stage_for(spec, init[1], staged, protect, root=root)
+    n_data = len(_bwrap_data(spec, init[1], staged_etc=etc is not None))
     plan = bwrap_plan(
         spec,
         bwrap=_which("bwrap") or "bwrap",
         staged=staged,
         init=init,
-        data_fds=[10 + i for i in range(len(_data_files(spec, init[1])))],
+        data_fds=[10 + i for i in range(n_data)],
         seccomp_fd=15,
         json_status_fd=5,
-        protect_binds=preview_protection(spec, staged) if spec.protect else (),
+        protect_binds=protect,
+        etc_stage=etc,
     )
-    return bw.build_argv(plan)
+    return plan, etc, selfs
+
+
+def preview_argv(spec: SandboxSpec, *, root: bool | None = None) -> list[str]:
+    """The bwrap argv `start()` would use, with placeholder descriptor numbers."""
+    return bw.build_argv(_preview(spec, root)[0])
+
+
+def preview_stage(spec: SandboxSpec, *, root: bool | None = None) -> list[tuple[str, str, str]]:
+    """(what, source, destination) of the mounts `start()` stages before bwrap
+    (`sandbox.stage`); empty when not root."""
+    _, etc, selfs = _preview(spec, root)
+    return stage.describe(etc, selfs, dev=etc is not None)

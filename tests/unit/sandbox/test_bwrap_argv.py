@@ -236,3 +236,21 @@ def test_etc_link_target_only_into_usr() -> None:
     assert etc_link_target("../proc/self/mounts") is None
     assert etc_link_target("/usr/../etc/shadow") is None
     assert etc_link_target("zoneinfo") is None
+
+
+def test_staged_etc_is_one_read_only_bind_in_place_of_the_entries() -> None:
+    # As root /etc is staged before bwrap (sandbox/stage.py): one bind, not one per entry.
+    argv = build_argv(
+        _plan(etc_stage="/run/corral-stage/etc", etc_entries=(), data_files=(), etc_links=())
+    )
+    i = argv.index("/run/corral-stage/etc")
+    assert argv[i - 1 : i + 2] == ["--ro-bind", "/run/corral-stage/etc", "/etc"]
+    assert [a for a in argv if a.startswith("/etc")] == ["/etc"]
+    assert argv.index("/home/corral") < i < argv.index("/work/p")
+
+
+def test_staged_dev_is_one_device_bind_in_place_of_dev() -> None:
+    argv = build_argv(_plan(dev_stage="/run/corral-stage/dev"))
+    i = argv.index("--dev-bind")
+    assert argv[i - 2 : i + 3] == ["--proc", "/proc", "--dev-bind", "/run/corral-stage/dev", "/dev"]
+    assert "--dev" not in argv
