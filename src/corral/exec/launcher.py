@@ -637,6 +637,13 @@ def _preimport() -> None:
 
     for name in _PREIMPORT:
         import_module(name)
+    # The seccomp program, kept by `cached_bpf` with its files' identities: a
+    # worker then checks two stats instead of reading, hashing and validating
+    # it. Best effort: a request that finds no program makes it and says why not.
+    with contextlib.suppress(Exception):
+        from corral.sandbox import namespace, seccomp
+
+        seccomp.cached_bpf(seccomp.DEFAULT_PROFILE, namespace.cache_dir())
     gc.collect()
     gc.freeze()
 
