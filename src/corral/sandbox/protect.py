@@ -570,8 +570,10 @@ def bind_pairs(p: ProtectPlan, sources: Sequence[tuple[str, str]]) -> tuple[Stag
 
     def source(path: str) -> str:
         tree, src = next(((t, s) for t, s in by_len if _within(path, t)), (path, path))
-        rel = os.path.relpath(path, tree)
-        return src if rel == "." else os.path.join(src, rel)
+        if path == tree:
+            return src
+        # `_within`: path is tree + "/" + rest (both absolute and normalised).
+        return os.path.join(src, path[len(tree.rstrip("/")) + 1 :])
 
     binds = [StagedBind(source(d), d, True) for d in p.pins]
     binds += [StagedBind(source(g.path), g.path, False) for g in p.guards]
@@ -699,6 +701,12 @@ def _sweep(where: str) -> list[str]:
         return removed
     used = _in_use(where)
     for name in names:
+        if name.endswith(".json.tmp"):
+            # Every record is written under the lock this sweep holds, so a
+            # temporary file seen now belongs to a writer that was killed.
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(where, name))
+            continue
         pid = _owner(name)
         if pid is None or _live(pid):
             continue
@@ -759,16 +767,23 @@ class Placeholders:
         self._rows = [{"path": g.path, "kind": g.create} for g in self._wanted]
         _write_record(self._record, {"made": self._rows, "uses": uses})
         made: list[Row] = []
+        parents: dict[str, int] = {}
         try:
             for row in self._rows:
-                made.append(_make(str(row["path"]), str(row["kind"]), row))
+                made.append(_make(str(row["path"]), str(row["kind"]), row, parents))
         except OSError as exc:
+            for fd in parents.values():
+                os.close(fd)
+            parents.clear()
             self._rows = made
             self._release()
             raise SandboxStartError(
                 exc.errno or 0,
                 f"protect: cannot create placeholder {show(str(exc.filename))}: {exc.strerror}",
             ) from exc
+        finally:
+            for fd in parents.values():
+                os.close(fd)
         self._rows = made
         _write_record(self._record, {"made": self._rows, "uses": uses})
 
@@ -803,20 +818,25 @@ class Placeholders:
         self._record = None
 
 
-def _make(path: str, kind: str, row: Row) -> Row:
-    parent = os.open(
-        os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    )
-    try:
-        name = os.path.basename(path)
-        if kind == "dir":
-            os.mkdir(name, 0o755, dir_fd=parent)
-        else:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            os.close(os.open(name, flags, 0o644, dir_fd=parent))
+def _make(path: str, kind: str, row: Row, parents: dict[str, int]) -> Row:
+    """Create one placeholder; `parents` keeps the directories opened so far
+    (most placeholders share the top of the workspace), the caller closes them."""
+    where = os.path.dirname(path)
+    parent = parents.get(where)
+    if parent is None:
+        parent = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        parents[where] = parent
+    name = os.path.basename(path)
+    if kind == "dir":
+        os.mkdir(name, 0o755, dir_fd=parent)
         st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-    finally:
-        os.close(parent)
+    else:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(name, flags, 0o644, dir_fd=parent)
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
     return {**row, "ino": st.st_ino, "dev": st.st_dev}
 
 
