@@ -693,13 +693,15 @@ def _remove_if_ours(row: Row, used: set[tuple[int, int]]) -> bool:
     return True
 
 
-def _sweep(where: str) -> list[str]:
+def _sweep(where: str, used: set[tuple[int, int]] | None = None) -> list[str]:
+    """`sweep_stale` under the lock; `used` is `_in_use(where)` when the caller has it."""
     removed: list[str] = []
     try:
         names = os.listdir(where)
     except OSError:
         return removed
-    used = _in_use(where)
+    if used is None:
+        used = _in_use(where)
     for name in names:
         if name.endswith(".json.tmp"):
             # Every record is written under the lock this sweep holds, so a
@@ -794,17 +796,19 @@ class Placeholders:
             # Teardown must finish: what cannot be removed now stays
             # recorded and is swept by a later start.
             with contextlib.suppress(OSError), _locked(self._where):
-                self._release()
-                _sweep(self._where)
+                # What the live records use is read once for both: under the
+                # lock no record changes, and this one's is gone after _release.
+                _sweep(self._where, self._release())
         if self.created_below is None:
             self.created_below = ()
             with contextlib.suppress(OSError):
                 trees = [t for t in self.plan.trees if os.path.isdir(t)]
                 self.created_below = created_below(self.plan, [scan_tree(t) for t in trees])
 
-    def _release(self) -> None:
+    def _release(self) -> set[tuple[int, int]] | None:
+        """Remove this sandbox's placeholders and record; what live records use, or None."""
         if self._record is None:
-            return
+            return None
         used = _in_use(self._where, skip=os.path.basename(self._record))
         left = [row for row in self._rows if not _remove_if_ours(row, used)]
         self._rows = []
@@ -816,6 +820,7 @@ class Placeholders:
                 )
             os.unlink(self._record)
         self._record = None
+        return used
 
 
 def _make(path: str, kind: str, row: Row, parents: dict[str, int]) -> Row:
