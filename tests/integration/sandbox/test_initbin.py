@@ -61,3 +61,44 @@ def test_dynamic_when_static_linking_fails(tmp_path: Path, monkeypatch: pytest.M
     assert binary is not None
     assert _has_interpreter(binary)
     _works(binary)
+
+
+@pytest.mark.requires_strace
+@pytest.mark.requires_landlock
+@pytest.mark.requires_seccomp
+def test_start_up_events_are_one_write(tmp_path: Path) -> None:
+    """The init's start-up lines (landlock, seccomp_log, started) reach the
+    host in one write, so a host waiting on the pipe wakes once for them;
+    the exit line follows in its own. Counted with strace, not timed."""
+    from corral.exec.cli import sandbox_env
+    from corral.sandbox import landlock, seccomp
+    from corral.sandbox.namespace import init_command
+    from corral.sandbox.spec import SandboxSpec
+
+    binary = initbin.init_binary(str(tmp_path / "cache"))
+    assert binary is not None
+    spec = SandboxSpec(
+        argv=("true",), workspace=str(tmp_path), env=tuple(sandbox_env("/home/corral", {}).items())
+    )
+    bpf_fd = seccomp.bpf_fd(seccomp.cached_bpf(seccomp.DEFAULT_PROFILE, str(tmp_path / "cache")))
+    r, w = os.pipe()
+    argv, _, _ = init_command(
+        spec, binary=binary, abi=landlock.abi_version(), status_fd=w, seccomp_log_fd=bpf_fd
+    )
+    log = tmp_path / "strace.log"
+    strace = shutil.which("strace")
+    assert strace is not None
+    # -f: the line for the started command is written after the fork.
+    cmd = [strace, "-f", "-qq", "-e", "trace=write", "-e", "signal=none", "-o", str(log)]
+    proc = subprocess.run(
+        [*cmd, binary, *argv[1:]], pass_fds=(w, bpf_fd), check=False, cwd=tmp_path
+    )
+    os.close(w)
+    os.close(bpf_fd)
+    with os.fdopen(r, "rb") as fh:
+        lines = fh.read().splitlines()
+    assert proc.returncode == 0
+    events = [line.split(b'"')[3] for line in lines]
+    assert events == [b"landlock", b"seccomp_log", b"started", b"exit"]
+    writes = [x for x in log.read_text().splitlines() if f"write({w}," in x]
+    assert len(writes) == 2, writes
