@@ -651,8 +651,10 @@ def bpf_fd(data: bytes) -> int:
     inheritable in the child only. bubblewrap reads it to EOF, so one
     descriptor serves one launch. The caller closes it after the spawn.
     """
-    # The very object `cached_bpf` validated (bytes are immutable) is not walked again.
-    if not any(data is program for _, program in _PROGRAMS.values()):
+    # The very object `cached_bpf` validated (bytes are immutable) is not walked
+    # again. tuple() copies the values in one C call: another thread's
+    # `cached_bpf` may add an entry meanwhile.
+    if not any(data is program for _, program in tuple(_PROGRAMS.values())):
         validate_bpf(data)
     fd = os.memfd_create("corral-seccomp", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
