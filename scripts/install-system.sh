@@ -5,6 +5,8 @@ set -euo pipefail
 pkgs=(bubblewrap libseccomp2 python3 curl git gcc make socat ripgrep iproute2 util-linux openssl runsc e2fsprogs)
 # chromium: the dashboard's browser tests and `corral view`'s viewer sandbox (and its M11 probes).
 pkgs+=(chromium)
+# libc6-dev: libc.a, so the compiled sandbox init is linked statically (sandbox/initbin.py).
+pkgs+=(libc6-dev)
 # qemu-system-x86 and busybox-static: `--backend microvm` (its guest kernel: install-microvm-kernel.sh)
 pkgs+=(qemu-system-x86 busybox-static)
 # python3-venv: `make install` builds .venv (a stock Debian 12 lacks it); npm: the agent CLIs.

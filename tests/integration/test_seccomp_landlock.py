@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import functools
+import hashlib
 import json
 import os
 import platform
@@ -1014,3 +1015,53 @@ def test_module_imports_fast_and_stdlib_only() -> None:
     seconds, *heavy = proc.stdout.split()
     assert heavy == []
     assert float(seconds) < 0.1  # ~4 ms of CPU measured
+
+
+def _tamper_keeping_size_and_mtime(path: Path, data: bytes) -> None:
+    """Rewrite `path` in place with `data` (same length), mtime put back."""
+    st = path.stat()
+    assert len(data) == st.st_size
+    path.write_bytes(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.mark.parametrize("tamper", ["in-place", "replaced", "chmod", "sidecar"])
+@pytest.mark.requires_seccomp
+def test_changed_cache_file_is_checked_again(tmp_path: Path, tamper: str) -> None:
+    """The process keeps the program it read; a change to either file after that
+    (even one that keeps size and mtime) sends the next call back to the checks."""
+    good = seccomp.cached_bpf(seccomp.DEFAULT_PROFILE, tmp_path)
+    path = Path(seccomp.cache_path(seccomp.DEFAULT_PROFILE, tmp_path))
+    sidecar = Path(str(path) + ".sha256")
+    # A different, valid program of the same length: its first instruction a RET ALLOW.
+    forged = bytes.fromhex("060000000000ff7f") + good[8:]
+    if tamper == "in-place":
+        path.chmod(0o664)
+        _tamper_keeping_size_and_mtime(path, forged)
+    elif tamper == "replaced":
+        other = tmp_path / "other"
+        other.write_bytes(good[:-8] + bytes.fromhex("060000000000ff7f"))
+        other.chmod(0o664)
+        os.replace(other, path)
+    elif tamper == "chmod":
+        path.chmod(0o666)
+    else:
+        _tamper_keeping_size_and_mtime(sidecar, b"0" * len(sidecar.read_bytes()))
+    assert seccomp.cached_bpf(seccomp.DEFAULT_PROFILE, tmp_path) == good
+    assert path.read_bytes() == good
+    assert oct(path.stat().st_mode & 0o777) == oct(0o644)
+    assert sidecar.read_bytes() == hashlib.sha256(good).hexdigest().encode()
+
+
+@pytest.mark.requires_seccomp
+def test_unchanged_cache_is_not_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = seccomp.cached_bpf(seccomp.DEFAULT_PROFILE, tmp_path)
+
+    def no_read(path: str, *, validate: bool = True) -> bytes | None:
+        raise AssertionError("an unchanged cache file was read and checked again")
+
+    monkeypatch.setattr(seccomp, "_read_trusted", no_read)
+    monkeypatch.setattr(seccomp, "validate_bpf", no_read)
+    again = seccomp.cached_bpf(seccomp.DEFAULT_PROFILE, tmp_path)
+    assert again is first
+    os.close(seccomp.bpf_fd(again))

@@ -81,18 +81,43 @@ static void json_str(char *out, size_t cap, const char *s) {
     out[n] = 0;
 }
 
-static void report(const char *fmt, ...) {
+/* Lines held back by report_later() until the next report(): each write wakes
+ * the host, which may be waiting on this pipe, so the start-up's lines
+ * (landlock, seccomp_log, started) go out as one write. */
+static char pending[1024];
+static size_t npending = 0;
+
+static void vreport(int later, const char *fmt, va_list ap) {
     char buf[4096];
-    va_list ap;
     if (status_fd < 0) return;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n > sizeof buf - 2) n = sizeof buf - 2;
+    size_t n = npending;
+    memcpy(buf, pending, n);
+    int k = vsnprintf(buf + n, sizeof buf - n - 1, fmt, ap);
+    if (k < 0) return;
+    n += (size_t)k < sizeof buf - n - 2 ? (size_t)k : sizeof buf - n - 2;
     buf[n++] = '\n';
-    ssize_t w = write(status_fd, buf, (size_t)n);
+    if (later && n <= sizeof pending) {
+        memcpy(pending, buf, n);
+        npending = n;
+        return;
+    }
+    npending = 0;
+    ssize_t w = write(status_fd, buf, n);
     (void)w;
+}
+
+static void report(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vreport(0, fmt, ap);
+    va_end(ap);
+}
+
+static void report_later(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vreport(1, fmt, ap);
+    va_end(ap);
 }
 
 static int refuse(const char *layer, int code, const char *fmt, ...) {
@@ -142,7 +167,7 @@ static int apply_landlock(const uint64_t ll[5], struct path_rule *paths, int npa
     if (syscall(SYS_LL_RESTRICT_SELF, fd, (uint32_t)ll[4]) != 0)
         return refuse("landlock", EXIT_REFUSED, "Landlock could not be applied: restrict_self: %s", strerror(errno));
     close((int)fd);
-    report("{\"event\": \"landlock\", \"abi\": %llu}", (unsigned long long)ll[0]);
+    report_later("{\"event\": \"landlock\", \"abi\": %llu}", (unsigned long long)ll[0]);
     return 0;
 }
 
@@ -183,7 +208,7 @@ static void log_seccomp(int fd) {
     if (got == 0 || got % sizeof insns[0] || got > BPF_MAXINSNS * sizeof insns[0]) return;
     struct sock_fprog prog = {(unsigned short)(got / sizeof insns[0]), insns};
     if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_LOG, &prog) != 0) return;
-    report("{\"event\": \"seccomp_log\"}");
+    report_later("{\"event\": \"seccomp_log\"}");
 }
 
 static int which(const char *cmd, char *out, size_t cap) {

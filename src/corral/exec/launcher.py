@@ -470,8 +470,7 @@ def _worker(conn: socket.socket) -> int:
     os.fchdir(fds[3])
     _close_all(fds)
     os.umask(req.umask)
-    os.environ.clear()
-    os.environ.update(dict(req.env))
+    _set_environ(dict(req.env))
     import tempfile
 
     tempfile.tempdir = None  # gettempdir() caches $TMPDIR: the client's, not the launcher's
@@ -498,6 +497,20 @@ def _worker(conn: socket.socket) -> int:
     if not watch.gone:
         _send(conn, f"X {code}")
     return 0
+
+
+def _set_environ(env: dict[str, str]) -> None:
+    """Make os.environ (and the C environment) exactly `env`.
+
+    Only what differs is changed: `os.environ.clear()` pops one item at a
+    time through the generic MutableMapping code, and the client's
+    environment is mostly the launcher's.
+    """
+    for name in [n for n in os.environ if n not in env]:
+        del os.environ[name]
+    for name, value in env.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
 
 
 def _run(args: tuple[str, ...], watch: _ConnWatch) -> int:
@@ -622,7 +635,7 @@ _PREIMPORT = (
     "corral.broker.kernel_denials", "corral.broker.policy", "corral.broker.privdir",
     "corral.broker.proxy_env", "corral.broker.resident", "corral.broker.tcp",
     "corral.broker.tls_setup", "corral.broker.unix_journal", "corral.broker.wire",
-    "corral.sqlrows", "_sha256", "encodings.ascii",
+    "corral.sqlrows", "_sha256", "encodings.ascii", "resource",
 )  # fmt: skip
 
 
@@ -637,6 +650,13 @@ def _preimport() -> None:
 
     for name in _PREIMPORT:
         import_module(name)
+    # The seccomp program, kept by `cached_bpf` with its files' identities: a
+    # worker then checks two stats instead of reading, hashing and validating
+    # it. Best effort: a request that finds no program makes it and says why not.
+    with contextlib.suppress(Exception):
+        from corral.sandbox import namespace, seccomp
+
+        seccomp.cached_bpf(seccomp.DEFAULT_PROFILE, namespace.cache_dir())
     gc.collect()
     gc.freeze()
 

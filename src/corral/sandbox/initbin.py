@@ -20,6 +20,10 @@ __all__ = ["INIT_SOURCE", "init_binary"]
 
 INIT_SOURCE = payload_path("init.c")
 _CFLAGS = ("-O2", "-Wall", "-Wextra", "-D_FORTIFY_SOURCE=2", "-fstack-protector-strong")
+#: Tried first: a static init skips the dynamic loader (ld.so.cache, libc's
+#: mapping and relocations) inside every sandbox, ~0.3-0.5 ms of each start.
+#: Where the C library has no static archive the init is linked dynamically.
+_STATIC = "-static"
 
 
 def _trusted(path: str) -> bool:
@@ -44,7 +48,8 @@ def init_binary(cache_dir: str) -> str | None:
         return None
     # The key only tells source versions apart (trust comes from the ownership
     # check); crc32 avoids importing hashlib on every sandbox start.
-    key = f"{zlib.crc32(source + ' '.join(_CFLAGS).encode()):08x}-{len(source)}"
+    flags = " ".join((*_CFLAGS, _STATIC)).encode()
+    key = f"{zlib.crc32(source + flags):08x}-{len(source)}"
     path = os.path.join(cache_dir, f"corral-init-{key}")
     if _trusted(path):
         return path
@@ -69,10 +74,16 @@ def _build(path: str, cache_dir: str) -> str | None:
     except OSError:
         return None
     try:
-        proc = subprocess.run(
-            [cc, *_CFLAGS, "-o", tmp, INIT_SOURCE], capture_output=True, timeout=120, check=False
-        )
-        if proc.returncode != 0:
+        for link in ((_STATIC,), ()):
+            proc = subprocess.run(
+                [cc, *_CFLAGS, *link, "-o", tmp, INIT_SOURCE],
+                capture_output=True,
+                timeout=120,
+                check=False,
+            )
+            if proc.returncode == 0:
+                break
+        else:
             return None
         os.chmod(tmp, 0o755)
         os.replace(tmp, path)

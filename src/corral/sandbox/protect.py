@@ -570,8 +570,10 @@ def bind_pairs(p: ProtectPlan, sources: Sequence[tuple[str, str]]) -> tuple[Stag
 
     def source(path: str) -> str:
         tree, src = next(((t, s) for t, s in by_len if _within(path, t)), (path, path))
-        rel = os.path.relpath(path, tree)
-        return src if rel == "." else os.path.join(src, rel)
+        if path == tree:
+            return src
+        # `_within`: path is tree + "/" + rest (both absolute and normalised).
+        return os.path.join(src, path[len(tree.rstrip("/")) + 1 :])
 
     binds = [StagedBind(source(d), d, True) for d in p.pins]
     binds += [StagedBind(source(g.path), g.path, False) for g in p.guards]
@@ -691,14 +693,22 @@ def _remove_if_ours(row: Row, used: set[tuple[int, int]]) -> bool:
     return True
 
 
-def _sweep(where: str) -> list[str]:
+def _sweep(where: str, used: set[tuple[int, int]] | None = None) -> list[str]:
+    """`sweep_stale` under the lock; `used` is `_in_use(where)` when the caller has it."""
     removed: list[str] = []
     try:
         names = os.listdir(where)
     except OSError:
         return removed
-    used = _in_use(where)
+    if used is None:
+        used = _in_use(where)
     for name in names:
+        if name.endswith(".json.tmp"):
+            # Every record is written under the lock this sweep holds, so a
+            # temporary file seen now belongs to a writer that was killed.
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(where, name))
+            continue
         pid = _owner(name)
         if pid is None or _live(pid):
             continue
@@ -759,16 +769,23 @@ class Placeholders:
         self._rows = [{"path": g.path, "kind": g.create} for g in self._wanted]
         _write_record(self._record, {"made": self._rows, "uses": uses})
         made: list[Row] = []
+        parents: dict[str, int] = {}
         try:
             for row in self._rows:
-                made.append(_make(str(row["path"]), str(row["kind"]), row))
+                made.append(_make(str(row["path"]), str(row["kind"]), row, parents))
         except OSError as exc:
+            for fd in parents.values():
+                os.close(fd)
+            parents.clear()
             self._rows = made
             self._release()
             raise SandboxStartError(
                 exc.errno or 0,
                 f"protect: cannot create placeholder {show(str(exc.filename))}: {exc.strerror}",
             ) from exc
+        finally:
+            for fd in parents.values():
+                os.close(fd)
         self._rows = made
         _write_record(self._record, {"made": self._rows, "uses": uses})
 
@@ -779,17 +796,19 @@ class Placeholders:
             # Teardown must finish: what cannot be removed now stays
             # recorded and is swept by a later start.
             with contextlib.suppress(OSError), _locked(self._where):
-                self._release()
-                _sweep(self._where)
+                # What the live records use is read once for both: under the
+                # lock no record changes, and this one's is gone after _release.
+                _sweep(self._where, self._release())
         if self.created_below is None:
             self.created_below = ()
             with contextlib.suppress(OSError):
                 trees = [t for t in self.plan.trees if os.path.isdir(t)]
                 self.created_below = created_below(self.plan, [scan_tree(t) for t in trees])
 
-    def _release(self) -> None:
+    def _release(self) -> set[tuple[int, int]] | None:
+        """Remove this sandbox's placeholders and record; what live records use, or None."""
         if self._record is None:
-            return
+            return None
         used = _in_use(self._where, skip=os.path.basename(self._record))
         left = [row for row in self._rows if not _remove_if_ours(row, used)]
         self._rows = []
@@ -801,22 +820,28 @@ class Placeholders:
                 )
             os.unlink(self._record)
         self._record = None
+        return used
 
 
-def _make(path: str, kind: str, row: Row) -> Row:
-    parent = os.open(
-        os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    )
-    try:
-        name = os.path.basename(path)
-        if kind == "dir":
-            os.mkdir(name, 0o755, dir_fd=parent)
-        else:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            os.close(os.open(name, flags, 0o644, dir_fd=parent))
+def _make(path: str, kind: str, row: Row, parents: dict[str, int]) -> Row:
+    """Create one placeholder; `parents` keeps the directories opened so far
+    (most placeholders share the top of the workspace), the caller closes them."""
+    where = os.path.dirname(path)
+    parent = parents.get(where)
+    if parent is None:
+        parent = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        parents[where] = parent
+    name = os.path.basename(path)
+    if kind == "dir":
+        os.mkdir(name, 0o755, dir_fd=parent)
         st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-    finally:
-        os.close(parent)
+    else:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(name, flags, 0o644, dir_fd=parent)
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
     return {**row, "ino": st.st_ino, "dev": st.st_dev}
 
 

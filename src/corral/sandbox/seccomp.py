@@ -518,8 +518,26 @@ def _sha256(data: bytes = b"") -> _Hash:
 _PYSECCOMP_OPS = {Cmp.NE: 1, Cmp.EQ: 4, Cmp.MASKED_EQ: 7}
 
 
+#: `cache_key` of each profile object this process has hashed (profiles are frozen; held
+#: here, so an identity match cannot be a new object at a reused address).
+_KEYS: list[tuple[SeccompProfile, str]] = []
+#: `cached_bpf`'s programs, by cache file: (what both files were when the program was
+#: read or written, the program). A program here has passed `validate_bpf`.
+_PROGRAMS: dict[str, tuple[tuple[tuple[int, ...] | None, ...], bytes]] = {}
+
+
 def cache_key(profile: SeccompProfile) -> str:
     """Hash over the table, the compiler format, libseccomp's version and the arch."""
+    for known, key in _KEYS:
+        if known is profile:
+            return key
+    key = _cache_key(profile)
+    if len(_KEYS) < 64:  # a process makes a few profiles; a test may make many
+        _KEYS.append((profile, key))
+    return key
+
+
+def _cache_key(profile: SeccompProfile) -> str:
     h = _sha256()
     for part in (str(_FORMAT), profile.canonical(), libseccomp_version(), os.uname().machine):
         h.update(part.encode())
@@ -543,16 +561,36 @@ def cached_bpf(profile: SeccompProfile, cache_dir: str | os.PathLike[str]) -> by
     and the next call builds again.
     """
     path = cache_path(profile, cache_dir)
+    # Both files as they are before this call reads them. Unchanged since the
+    # program was read or written (same inode, size, mode, owner, mtime and
+    # ctime, which every write, rename, chmod and chown moves, and no one can
+    # set back), they still hold it, so the checks below would pass again.
+    files = (_identity(path), _identity(path + ".sha256"))
+    known = _PROGRAMS.get(path)
+    if known is not None and None not in files and known[0] == files:
+        return known[1]
     data = _read_trusted(path)
     # A structurally valid program can still be a prefix of the real one
     # (when the table ends in several returns), so its digest must match too.
     digest = _read_trusted(path + ".sha256", validate=False)
     if data is not None and digest == _sha256(data).hexdigest().encode():
+        _PROGRAMS[path] = (files, data)
         return data
     data = build_bpf(profile)
     _write_atomic(os.fspath(cache_dir), path + ".sha256", _sha256(data).hexdigest().encode())
     _write_atomic(os.fspath(cache_dir), path, data)
+    # Taken after the writes: a file swapped in meanwhile only differs from
+    # them later, and the next call reads it and checks it.
+    _PROGRAMS[path] = ((_identity(path), _identity(path + ".sha256")), data)
     return data
+
+
+def _identity(path: str) -> tuple[int, ...] | None:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _read_trusted(path: str, *, validate: bool = True) -> bytes | None:
@@ -613,7 +651,11 @@ def bpf_fd(data: bytes) -> int:
     inheritable in the child only. bubblewrap reads it to EOF, so one
     descriptor serves one launch. The caller closes it after the spawn.
     """
-    validate_bpf(data)
+    # The very object `cached_bpf` validated (bytes are immutable) is not walked
+    # again. tuple() copies the values in one C call: another thread's
+    # `cached_bpf` may add an entry meanwhile.
+    if not any(data is program for _, program in tuple(_PROGRAMS.values())):
+        validate_bpf(data)
     fd = os.memfd_create("corral-seccomp", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         view = memoryview(data)

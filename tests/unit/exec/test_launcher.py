@@ -122,3 +122,27 @@ def test_frontend_configuration_is_escaped_for_c() -> None:
     assert _c_string('/a b/"q"\\n\n') == '"/a b/\\042q\\042\\134n\\012"'
     assert _c_string("/é") == '"/\\303\\251"'
     assert any(d.startswith('-DCORRAL_BUILD_ID="corral-launcher-2 ') for d in defines())
+
+
+def test_worker_environment_is_exactly_the_clients() -> None:
+    """Names only the launcher had are gone, changed ones changed, in os.environ
+    and in the C environment that exec'd programs inherit."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.getenv.restype = ctypes.c_char_p
+    saved = dict(os.environ)
+    try:
+        os.environ["CORRAL_TEST_ONLY_LAUNCHER"] = "1"
+        os.environ["CORRAL_TEST_CHANGED"] = "old"
+        client = {k: v for k, v in saved.items() if k != "HOME"}
+        client |= {"CORRAL_TEST_CHANGED": "new", "CORRAL_TEST_ONLY_CLIENT": "x y"}
+        launcher._set_environ(client)
+        assert dict(os.environ) == client
+        assert libc.getenv(b"CORRAL_TEST_ONLY_LAUNCHER") is None
+        assert libc.getenv(b"HOME") is None
+        assert libc.getenv(b"CORRAL_TEST_CHANGED") == b"new"
+        assert libc.getenv(b"CORRAL_TEST_ONLY_CLIENT") == b"x y"
+    finally:
+        launcher._set_environ(saved)
+    assert dict(os.environ) == saved

@@ -446,3 +446,31 @@ def test_dry_run_quoting_is_exact_and_sends_no_control_bytes() -> None:
         check=True,
     ).stdout
     assert echoed.split(b"\0")[:-1] == [b"bwrap", b"--ro-bind", os.fsencode(hostile), b"plain path"]
+
+
+def test_record_temp_files_of_killed_writers_are_swept(tmp_path: Path) -> None:
+    """A corral killed between writing a record's temporary file and renaming
+    it leaves the file; the next sweep (under the records' lock, which every
+    writer holds) removes it instead of keeping it forever."""
+    where = tmp_path / "placeholders"
+    where.mkdir()
+    orphans = [where / f"exec-{os.getpid()}-00ff00ff.json.tmp", where / "left-0a0b0c.json.tmp"]
+    for orphan in orphans:
+        orphan.write_text('{"made": [')
+    live = where / f"exec-{os.getpid()}-11223344.json"
+    live.write_text(json.dumps({"made": [], "uses": []}))
+    pr.sweep_stale(str(where))
+    assert not any(o.exists() for o in orphans)
+    assert live.exists()
+
+
+def test_bind_sources_follow_the_staged_tree() -> None:
+    p = pr.plan([_facts("/ws", top={".git": "dir"})], frozenset())
+    got = {b.dest: b.source for b in pr.bind_pairs(p, [("/ws", "/run/corral-stage/0")])}
+    assert got["/ws/.git"] == "/run/corral-stage/0/.git"
+    assert got["/ws/.envrc"] == "/run/corral-stage/0/.envrc"
+    deep = pr.plan([_facts("/ws", deep=(("/ws/a/b/.envrc", "file"),))], frozenset())
+    got = {b.dest: b.source for b in pr.bind_pairs(deep, [("/ws", "/s/0")])}
+    assert got["/ws/a/b/.envrc"] == "/s/0/a/b/.envrc"
+    assert got["/ws/a"] == "/s/0/a"
+    assert got["/ws/a/b"] == "/s/0/a/b"
