@@ -1,4 +1,5 @@
-"""The compiled sandbox init (init.c): built once per machine, cached, verified.
+"""The compiled sandbox init (init.c) and gVisor supervisor (gvsup.c): built once
+per machine, cached, verified.
 
 `init_binary(cache_dir)` returns the path of a `corral-init` built from the
 init.c shipped with this package, compiling it with the system C compiler on
@@ -6,6 +7,8 @@ first use. The cache file is trusted only if it is a regular file owned by
 this user and writable by nobody else (the same rule as the seccomp cache);
 anything else is rebuilt. Without a compiler it returns None and the
 launcher falls back to init.py under /usr/bin/python3 (slower start-up).
+`gvsup_binary(cache_dir)` does the same for the gVisor backend's static
+supervisor (without it, that backend runs the command with `runsc exec`).
 """
 
 from __future__ import annotations
@@ -16,10 +19,13 @@ import zlib
 
 from corral._payload import path as payload_path
 
-__all__ = ["INIT_SOURCE", "init_binary"]
+__all__ = ["GVSUP_SOURCE", "INIT_SOURCE", "gvsup_binary", "init_binary"]
 
 INIT_SOURCE = payload_path("init.c")
+GVSUP_SOURCE = payload_path("gvsup.c")
 _CFLAGS = ("-O2", "-Wall", "-Wextra", "-D_FORTIFY_SOURCE=2", "-fstack-protector-strong")
+# Static: gVisor's ptrace platform makes every mapping of a dynamic load dear.
+_GVSUP_CFLAGS = (*_CFLAGS, "-static", "-s")
 
 
 def _trusted(path: str) -> bool:
@@ -37,21 +43,31 @@ def _trusted(path: str) -> bool:
 
 def init_binary(cache_dir: str) -> str | None:
     """The compiled init for this source, building it when needed; None without a compiler."""
+    return _binary(cache_dir, "corral-init", INIT_SOURCE, _CFLAGS)
+
+
+def gvsup_binary(cache_dir: str) -> str | None:
+    """The static gVisor supervisor, building it when needed; None without a compiler
+    (or without a static libc)."""
+    return _binary(cache_dir, "corral-gvsup", GVSUP_SOURCE, _GVSUP_CFLAGS)
+
+
+def _binary(cache_dir: str, name: str, src: str, flags: tuple[str, ...]) -> str | None:
     try:
-        with open(INIT_SOURCE, "rb") as fh:
+        with open(src, "rb") as fh:
             source = fh.read()
     except OSError:
         return None
     # The key only tells source versions apart (trust comes from the ownership
     # check); crc32 avoids importing hashlib on every sandbox start.
-    key = f"{zlib.crc32(source + ' '.join(_CFLAGS).encode()):08x}-{len(source)}"
-    path = os.path.join(cache_dir, f"corral-init-{key}")
+    key = f"{zlib.crc32(source + ' '.join(flags).encode()):08x}-{len(source)}"
+    path = os.path.join(cache_dir, f"{name}-{key}")
     if _trusted(path):
         return path
-    return _build(path, cache_dir)
+    return _build(path, cache_dir, src, flags, name)
 
 
-def _build(path: str, cache_dir: str) -> str | None:
+def _build(path: str, cache_dir: str, src: str, flags: tuple[str, ...], name: str) -> str | None:
     import contextlib
     import shutil
     import subprocess
@@ -64,13 +80,13 @@ def _build(path: str, cache_dir: str) -> str | None:
         os.makedirs(cache_dir, mode=0o755, exist_ok=True)
         # The sandbox's unprivileged uid must be able to reach the binary.
         os.chmod(cache_dir, 0o755)
-        fd, tmp = tempfile.mkstemp(prefix=".corral-init-", dir=cache_dir)
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}-", dir=cache_dir)
         os.close(fd)
     except OSError:
         return None
     try:
         proc = subprocess.run(
-            [cc, *_CFLAGS, "-o", tmp, INIT_SOURCE], capture_output=True, timeout=120, check=False
+            [cc, *flags, "-o", tmp, src], capture_output=True, timeout=120, check=False
         )
         if proc.returncode != 0:
             return None

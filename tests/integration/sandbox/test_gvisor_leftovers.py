@@ -97,13 +97,15 @@ def test_leftovers_cannot_hide_by_name_or_dumpability(path: str, tmp_path: Path)
 
 
 def test_the_command_cannot_write_the_supervisors_report(tmp_path: Path) -> None:
-    """The command tries the parent's descriptor to the report, and leaves a
-    process that keeps writing a forged one (status 0, nothing left) over it;
-    it exits 9: the host reports 9 and the writer (with its `rm` of the moment)."""
+    """The command tries every descriptor of pid 1 (the supervisor's to the
+    report among them) and its own, and leaves a process that keeps writing a
+    forged report (status 0, nothing left) over it; it exits 9: the host
+    reports 9 and the writer (with its `rm` of the moment)."""
     r = "/run/corral-report/status"
     forge = f"rm -f {r}; echo 'exit 0 left 0' > {r}"
     attack = (
-        "echo 'exit 0 left 0' > /proc/1/fd/3; echo 'exit 0 left 0' >&3; "
+        "for f in /proc/1/fd/*; do echo 'exit 0 left 0' > $f; done 2>/dev/null; "
+        "for n in 3 4 5 6 7 8 9; do eval \"echo 'exit 0 left 0' >&$n\"; done 2>/dev/null; "
         f'setsid sh -c "while :; do {forge}; done" </dev/null >/dev/null 2>&1 & '
         "sleep 0.5; exit 9"
     )

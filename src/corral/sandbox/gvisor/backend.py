@@ -344,8 +344,14 @@ class GVisorBackend:
         with_net = network is not None
         # Nothing to attach before the command runs: the container's own
         # process runs it (bundle.supervisor), no `runsc exec`. As root only:
-        # the report directory's owner must be the sandbox's root.
-        supervised = not with_net and self.is_root
+        # the report directory's owner must be the sandbox's root. Without a
+        # C compiler, the holder and `runsc exec` do the same.
+        sup_bin: str | None = None
+        if not with_net and self.is_root:
+            from corral.sandbox.initbin import gvsup_binary
+
+            sup_bin = gvsup_binary(cache_dir())
+        supervised = sup_bin is not None
         if with_net:
             from corral.sandbox.gvisor import net as gnet
             from corral.sandbox.spec import SANDBOX_PROXY_PORT
@@ -407,7 +413,7 @@ class GVisorBackend:
                 etc_dir=os.path.join(base, "bundle", "etc") if self.is_root else None,
                 report_dir=os.path.join(base, "report") if supervised else None,
             )
-            _write_bundle(base, plan)
+            _write_bundle(base, plan, sup_bin)
             etc_binds: list[tuple[str, str]] = []
             if plan.etc_dir is not None:
                 from corral.sandbox.gvisor import etcdir
@@ -764,7 +770,7 @@ def _synthetic(spec: SandboxSpec) -> dict[str, bytes]:
     }
 
 
-def _write_bundle(base: str, plan: bd.BundlePlan) -> None:
+def _write_bundle(base: str, plan: bd.BundlePlan, supervisor_bin: str | None = None) -> None:
     bundle = os.path.join(base, "bundle")
     rootfs = os.path.join(bundle, "rootfs")
     os.makedirs(os.path.join(base, "state"), mode=0o700)
@@ -773,6 +779,13 @@ def _write_bundle(base: str, plan: bd.BundlePlan) -> None:
     if plan.report_dir is not None:
         # Only root opens it: the command's uid inside cannot (see bundle.supervisor).
         os.mkdir(plan.report_dir, 0o700)
+        if supervisor_bin is None:
+            raise SandboxStartError(0, "no gVisor supervisor binary")
+        # A copy, never a hard link: the directory is mounted writable, and
+        # the cached inode is every later sandbox's supervisor.
+        dest = os.path.join(plan.report_dir, bd.SUPERVISOR_NAME)
+        shutil.copyfile(supervisor_bin, dest)
+        os.chmod(dest, 0o755)
     # The gofer opens these as root and the sentry reads them: world-readable,
     # owned by root, in a directory only root can write.
     for name, data in _synthetic(plan.spec).items():

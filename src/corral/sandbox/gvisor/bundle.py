@@ -25,6 +25,7 @@ __all__ = [
     "MAX_REPORT",
     "PLATFORMS",
     "REPORT_DIR",
+    "SUPERVISOR_NAME",
     "SYNTHETIC_ETC",
     "BundlePlan",
     "build_config",
@@ -88,31 +89,21 @@ while :; do sleep 100000 & wait; done
 """
 )
 #: Without a network hook to attach first, the container's own process runs the
-#: command itself (no `runsc exec`): a shell as uid 0 with only the capabilities
-#: setpriv needs to become the command's uid with none at all (and an empty
-#: bounding set) under no_new_privs. The command runs in the foreground with the
-#: container's stdio, so dash's wait reaps what it orphans; when it exits the
-#: supervisor counts what it left (as the holder does; the command's processes
-#: now have the supervisor as a parent, reaped, so "parent inside" is the same
-#: rule) and writes "exit S left N" to a file in REPORT_DIR, a host directory
-#: only root may open (0700; the command's uid cannot), then exits, and gVisor
-#: ends the sandbox. Its descriptor to that file is closed for the command.
-_SUPERVISOR_SCRIPT = (
-    """exec 3>{report}/status || exit 125
-{pwd}
-{ifs}
-shift
-/usr/bin/setpriv --reuid={uid} --regid={gid} --clear-groups --inh-caps=-all \\
-  --bounding-set=-all -- "$@" 3>&-
-st=$?
-unset IFS
-"""
-    + _COUNT
-    + """echo "exit $st left $n" >&3
-"""
-)
+#: command itself (no `runsc exec`): corral's static supervisor (_payload/gvsup.c,
+#: built like the init) as uid 0 with only the capabilities it needs to become
+#: the command's uid with none at all (and an empty bounding set) under
+#: no_new_privs. The command runs with the container's stdio, environment and
+#: cwd; the supervisor reaps what it orphans and, when it exits, counts what it
+#: left (the holder's rule: the command's processes now have the supervisor as
+#: a parent, so "parent inside" is the same) and writes "exit S left N" to a
+#: file in REPORT_DIR, a host directory only root may open (0700; the command's
+#: uid cannot), then exits, and gVisor ends the sandbox. Its descriptor to that
+#: file is close-on-exec. The binary itself sits in REPORT_DIR too: no mount of
+#: its own, and out of the command's reach.
 #: Where the supervisor's report directory is mounted inside.
 REPORT_DIR = "/run/corral-report"
+#: The supervisor binary's name in REPORT_DIR.
+SUPERVISOR_NAME = "gvsup"
 _SUPERVISOR_CAPS = ["CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"]
 _REPORT_RE = re.compile(rb"exit (\d{1,3}) left (\d{1,9})\n")
 #: The longest report `parse_report` accepts.
@@ -131,26 +122,20 @@ def holder(uid: int) -> tuple[str, ...]:
     return ("/bin/sh", "-c", _HOLDER_SCRIPT.format(uid=int(uid)))
 
 
-def supervisor(
-    uid: int, gid: int, argv: tuple[str, ...], env: tuple[tuple[str, str], ...] = ()
-) -> tuple[str, ...]:
+def supervisor(uid: int, gid: int, argv: tuple[str, ...]) -> tuple[str, ...]:
     """The supervisor's argv: it runs `argv` as `uid`:`gid` (pure).
 
-    The command gets `env` exactly: dash exports a PWD of its own when the
-    environment has none and rewrites the PWD and IFS it finds, so the script
-    unsets them or sets them back to `env`'s values, passed as $0 and $1
-    (data, never script text).
+    The command gets the container's environment (the spec's) untouched: no
+    shell stands between them.
     """
-    values = dict(env)
-    pwd, ifs = values.get("PWD"), values.get("IFS")
-    script = _SUPERVISOR_SCRIPT.format(
-        report=REPORT_DIR,
-        uid=int(uid),
-        gid=int(gid),
-        pwd="unset PWD" if pwd is None else "PWD=$0",
-        ifs="unset IFS" if ifs is None else "IFS=$1",
+    return (
+        f"{REPORT_DIR}/{SUPERVISOR_NAME}",
+        f"{REPORT_DIR}/status",
+        str(int(uid)),
+        str(int(gid)),
+        "--",
+        *argv,
     )
-    return ("/bin/sh", "-c", script, pwd or "corral-supervisor", ifs or "", *argv)
 
 
 def parse_report(report: bytes) -> tuple[int, int] | None:
@@ -241,7 +226,7 @@ def build_config(plan: BundlePlan) -> dict[str, object]:
     if plan.report_dir is not None:
         mounts.append(_bind(plan.report_dir, REPORT_DIR, True))
         process = _process(
-            list(supervisor(plan.uid, plan.gid, spec.argv, spec.env)),
+            list(supervisor(plan.uid, plan.gid, spec.argv)),
             [f"{k}={v}" for k, v in spec.env],
             spec.workspace,
             0,
