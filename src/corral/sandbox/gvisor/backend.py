@@ -284,6 +284,8 @@ class GVisorBackend:
             from corral.sandbox.protect import preview_protection
 
             protect = preview_protection(spec, staged)
+        if self.is_root:
+            protect = ()  # bound on the host, under the staged binds (see start)
         return bd.BundlePlan(
             spec=spec,
             system_links=_system_links(),
@@ -404,7 +406,10 @@ class GVisorBackend:
                 etc_entries=_etc_entries(),
                 binds=tuple(staged),
                 files_dir=files,
-                protect_binds=protect,
+                # As root they are read-only binds in the staged trees
+                # (child_setup), carried by each staged bind's one rbind: one
+                # gofer mount per staged tree, not one per placeholder.
+                protect_binds=() if self.is_root else protect,
                 uid=INSIDE_UID,
                 gid=INSIDE_UID,
                 # runsc's own: the one its prelude left it in (gvisor.net).
@@ -473,6 +478,8 @@ class GVisorBackend:
                 ),
             ]
             binds = [(spec.workspace, True), *((b.path, b.writable) for b in spec.binds)]
+            # Shallow first: a placeholder below another one lands on top of it.
+            host_protect = sorted(protect, key=bd.depth_key) if self.is_root else []
             is_root = self.is_root
             me = os.getpid()
             err_r, err_w = os.pipe()
@@ -488,6 +495,8 @@ class GVisorBackend:
                         mounts.make_private_mount_ns()
                         for i, (path, writable) in enumerate(binds):
                             mounts.stage_bind(i, path, writable, userns_fd)
+                        for b in host_protect:
+                            mounts.bind_readonly(b.source, b.source)
                         for src, dst in etc_binds:
                             mounts.bind_readonly(src, dst)
                     set_pdeathsig(signal.SIGKILL)

@@ -31,6 +31,7 @@ __all__ = [
     "build_config",
     "choose_platform",
     "command_process",
+    "depth_key",
     "holder",
     "mount_points",
     "parse_left",
@@ -178,7 +179,8 @@ class BundlePlan:
     report_dir: str | None = None
 
 
-def _depth_key(bind: StagedBind) -> tuple[int, str]:
+def depth_key(bind: StagedBind) -> tuple[int, str]:
+    """Sort key: shallower destinations first (pure)."""
     return (bind.dest.rstrip("/").count("/"), bind.dest)
 
 
@@ -221,7 +223,7 @@ def build_config(plan: BundlePlan) -> dict[str, object]:
         # Over the host's bundle inside the /etc bound above: the host store
         # plus the run's interception CA (broker.tls_setup).
         mounts.append(_bind(spec.network.trust_bundle, TRUST_BUNDLE, False))
-    for b in sorted((*plan.binds, *plan.protect_binds), key=_depth_key):
+    for b in sorted((*plan.binds, *plan.protect_binds), key=depth_key):
         mounts.append(_bind(b.source, b.dest, b.writable))
     if plan.report_dir is not None:
         mounts.append(_bind(plan.report_dir, REPORT_DIR, True))
