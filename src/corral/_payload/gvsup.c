@@ -5,6 +5,7 @@
  * 0.03-0.04 s; it replaces a shell, setpriv and a shell loop reading /proc.
  *
  *   corral-gvsup REPORT UID GID -- CMD [ARG...]
+ *   corral-gvsup --request REPORT     (pre-booted: the rest comes on stdin)
  *
  * It runs as uid 0 with CAP_SETUID, CAP_SETGID and CAP_SETPCAP only, under
  * no_new_privs, with the spec's environment and cwd (runsc sets them):
@@ -38,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -66,7 +68,7 @@ static int parse_id(const char *s, unsigned long *out) {
 }
 
 /* The child: no capabilities of any kind left, then CMD. Never returns. */
-static void run_command(uid_t uid, gid_t gid, char **argv) {
+static void run_command(uid_t uid, gid_t gid, const char *cwd, char **argv) {
     sigset_t none;
     if (sigemptyset(&none) != 0 || sigprocmask(SIG_SETMASK, &none, NULL) != 0) die("sigprocmask");
     for (int cap = 0; cap <= 63; cap++) {
@@ -89,6 +91,8 @@ static void run_command(uid_t uid, gid_t gid, char **argv) {
     struct __user_cap_data_struct data[2];
     memset(data, 0, sizeof data);
     if (syscall(SYS_capset, &hdr, data) != 0) die("capset");
+    /* As the command's uid: it may enter only what it could enter itself. */
+    if (cwd != NULL && chdir(cwd) != 0) die("chdir");
     execvp(argv[0], argv);
     int err = errno;
     char msg[512];
@@ -161,23 +165,101 @@ static long count_left(unsigned long uid) {
     return err ? -1 : n;
 }
 
+/* Exactly len bytes from fd 0 (never more: the rest of stdin is the command's). */
+static int read_exact(char *buf, size_t len) {
+    size_t got = 0;
+    while (got < len) {
+        ssize_t n = read(0, buf + got, len - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1;
+        got += (size_t)n;
+    }
+    return 0;
+}
+
+#define MAX_REQUEST (4u << 20)
+#define MAX_FIELDS 65536
+
+/* The request a pre-booted sandbox gets from the host on stdin (written by
+ * the host before anything but this process runs inside): a 4-byte
+ * little-endian length, then NUL-terminated fields: UID GID NPROC CWD ARGC
+ * ARGV... ENV... (NPROC "-" for none). Fills the out-parameters; -1 if malformed. */
+static int read_request(unsigned long *uid, unsigned long *gid, long *nproc, char **cwd,
+                        char ***cmd, char ***env) {
+    unsigned char hdr[4];
+    if (read_exact((char *)hdr, 4) != 0) return -1;
+    size_t len = (size_t)hdr[0] | (size_t)hdr[1] << 8 | (size_t)hdr[2] << 16 | (size_t)hdr[3] << 24;
+    if (len == 0 || len > MAX_REQUEST) return -1;
+    char *buf = malloc(len + 1);
+    char **fields = calloc(MAX_FIELDS + 1, sizeof *fields);
+    if (buf == NULL || fields == NULL || read_exact(buf, len) != 0 || buf[len - 1] != 0) return -1;
+    buf[len] = 0;
+    size_t n = 0;
+    for (char *p = buf; p < buf + len; p += strlen(p) + 1) {
+        if (n == MAX_FIELDS) return -1;
+        fields[n++] = p;
+    }
+    unsigned long argc;
+    if (n < 6 || parse_id(fields[0], uid) || parse_id(fields[1], gid) || parse_id(fields[4], &argc))
+        return -1;
+    if (argc == 0 || argc > n - 5) return -1;
+    unsigned long lim;
+    if (strcmp(fields[2], "-") == 0) *nproc = -1;
+    else if (parse_id(fields[2], &lim) == 0) *nproc = (long)lim;
+    else return -1;
+    *cwd = fields[3];
+    /* argv and env are each NULL-terminated views into fields (shifted by one
+     * slot so argv's terminator does not overwrite env's first entry). */
+    char **av = calloc(argc + 1, sizeof *av);
+    if (av == NULL) return -1;
+    memcpy(av, fields + 5, argc * sizeof *av);
+    *cmd = av;
+    *env = fields + 5 + argc; /* fields[n] is NULL (calloc) */
+    return 0;
+}
+
 int main(int argc, char **argv) {
     unsigned long uid, gid;
-    if (argc < 6 || strcmp(argv[4], "--") != 0 || parse_id(argv[2], &uid) || parse_id(argv[3], &gid)) {
-        static const char usage[] = "usage: corral-gvsup REPORT UID GID -- CMD [ARG...]\n";
+    long nproc = -1;
+    char *cwd = NULL;
+    char **cmd, **env = NULL;
+    int requested = argc == 3 && strcmp(argv[1], "--request") == 0;
+    const char *report = requested ? argv[2] : argv[1];
+    if (!requested &&
+        (argc < 6 || strcmp(argv[4], "--") != 0 || parse_id(argv[2], &uid) || parse_id(argv[3], &gid))) {
+        static const char usage[] =
+            "usage: corral-gvsup REPORT UID GID -- CMD [ARG...] | corral-gvsup --request REPORT\n";
         ssize_t w = write(2, usage, sizeof usage - 1);
         (void)w;
         return 125;
     }
-    int fd = open(argv[1], O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    cmd = argv + 5;
+    int fd = open(report, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) die("open report");
     if (fd != REPORT_FD) {
         if (dup3(fd, REPORT_FD, O_CLOEXEC) < 0) die("dup3");
         close(fd);
     }
+    if (requested) {
+        /* Booted ahead of the request: say so on stdout (the host reads it
+         * before it relays the command's output), then wait for the request. */
+        static const char ready[] = "ready\n";
+        if (write(1, ready, sizeof ready - 1) != (ssize_t)(sizeof ready - 1)) die("write ready");
+        if (read_request(&uid, &gid, &nproc, &cwd, &cmd, &env) != 0) {
+            errno = EINVAL;
+            die("request");
+        }
+    }
     pid_t child = fork();
     if (child < 0) die("fork");
-    if (child == 0) run_command((uid_t)uid, (gid_t)gid, argv + 5);
+    if (child == 0) {
+        if (nproc >= 0) {
+            struct rlimit rl = {(rlim_t)nproc, (rlim_t)nproc};
+            if (setrlimit(RLIMIT_NPROC, &rl) != 0) die("RLIMIT_NPROC");
+        }
+        if (env != NULL) environ = env; /* execvp searches the command's own PATH */
+        run_command((uid_t)uid, (gid_t)gid, cwd, cmd);
+    }
     int status = 0;
     for (;;) {
         int st;
