@@ -363,6 +363,16 @@ class GVisorBackend:
             raise LayerUnavailableError(
                 "unix", "gVisor reaches no host unix socket; --allow-unix cannot be honoured"
             )
+        if not with_net and self.is_root:
+            from corral.sandbox.gvisor import preboot
+
+            key = preboot.boot_key(spec, self.config, parent_cgroup or "corral")
+            if key is not None:
+                # The next warm worker boots for this request's kind (gvisor.preboot).
+                preboot.remember(key)
+                pre = preboot.take(key)
+                if pre is not None:
+                    return pre.serve(spec, stdio)
         runsc, platform, _ = self._platform()
         layers: dict[str, object] = {"gvisor": platform}
         layout = self._layout if self._layout is not None else detect_layout()

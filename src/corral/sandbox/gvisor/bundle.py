@@ -24,14 +24,18 @@ __all__ = [
     "MAX_LEFT",
     "MAX_REPORT",
     "PLATFORMS",
+    "PREBOOT_SUPERVISOR",
     "REPORT_DIR",
     "SUPERVISOR_NAME",
+    "SUPERVISOR_READY",
     "SYNTHETIC_ETC",
+    "TMPFS",
     "BundlePlan",
     "build_config",
     "choose_platform",
     "command_process",
     "depth_key",
+    "encode_request",
     "holder",
     "mount_points",
     "parse_left",
@@ -139,6 +143,38 @@ def supervisor(uid: int, gid: int, argv: tuple[str, ...]) -> tuple[str, ...]:
     )
 
 
+#: The argv of a pre-booted sandbox's supervisor: the request comes on its stdin.
+PREBOOT_SUPERVISOR: tuple[str, ...] = (
+    f"{REPORT_DIR}/{SUPERVISOR_NAME}",
+    "--request",
+    f"{REPORT_DIR}/status",
+)
+#: What a pre-booted supervisor writes on stdout once it waits for its request.
+SUPERVISOR_READY = b"ready\n"
+
+
+def encode_request(
+    uid: int,
+    gid: int,
+    *,
+    nproc: int | None,
+    cwd: str,
+    argv: tuple[str, ...],
+    env: tuple[tuple[str, str], ...],
+) -> bytes:
+    """The request a pre-booted supervisor reads on stdin (gvsup.c read_request; pure).
+
+    Raises ValueError for a field holding a NUL (no such argv or env can exist).
+    """
+    fields = [str(int(uid)), str(int(gid)), "-" if nproc is None else str(int(nproc)), cwd]
+    fields += [str(len(argv)), *argv, *(f"{k}={v}" for k, v in env)]
+    raw = [f.encode("utf-8", "surrogateescape") for f in fields]
+    if any(b"\0" in f for f in raw) or not argv:
+        raise ValueError("a request field holds a NUL, or there is no command")
+    body = b"".join(f + b"\0" for f in raw)
+    return len(body).to_bytes(4, "little") + body
+
+
 def parse_report(report: bytes) -> tuple[int, int] | None:
     """(the command's status, processes it left) from the supervisor's report, or
     None unless it is exactly one "exit S left N" line with S <= 255 (pure)."""
@@ -156,6 +192,7 @@ def parse_left(answer: bytes) -> int | None:
 
 #: Directories that start empty and die with the sandbox.
 _TMPFS: tuple[str, ...] = ("/tmp", "/home", "/var", "/var/tmp", "/run")
+TMPFS = _TMPFS
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +214,9 @@ class BundlePlan:
     #: The supervisor's host report directory: the container's process runs the
     #: command itself (see supervisor()); None: the holder, and `runsc exec`.
     report_dir: str | None = None
+    #: Booted ahead of its request (gvisor.preboot): the supervisor reads the
+    #: command, env, cwd and process limit on stdin (PREBOOT_SUPERVISOR).
+    preboot: bool = False
 
 
 def depth_key(bind: StagedBind) -> tuple[int, str]:
@@ -225,7 +265,10 @@ def build_config(plan: BundlePlan) -> dict[str, object]:
         mounts.append(_bind(spec.network.trust_bundle, TRUST_BUNDLE, False))
     for b in sorted((*plan.binds, *plan.protect_binds), key=depth_key):
         mounts.append(_bind(b.source, b.dest, b.writable))
-    if plan.report_dir is not None:
+    if plan.report_dir is not None and plan.preboot:
+        mounts.append(_bind(plan.report_dir, REPORT_DIR, True))
+        process = _process(list(PREBOOT_SUPERVISOR), [], "/", 0, 0, caps=_SUPERVISOR_CAPS)
+    elif plan.report_dir is not None:
         mounts.append(_bind(plan.report_dir, REPORT_DIR, True))
         process = _process(
             list(supervisor(plan.uid, plan.gid, spec.argv)),
@@ -239,7 +282,7 @@ def build_config(plan: BundlePlan) -> dict[str, object]:
         # The container's own process is the holder (see holder()); the
         # command is `runsc exec`ed beside it (`command_process`).
         process = _process(list(holder(plan.uid)), ["PATH=/usr/bin:/bin"], "/", 0, 0)
-    if spec.limits.pids is not None:
+    if spec.limits.pids is not None and not plan.preboot:
         # The sentry enforces RLIMIT_NPROC per uid, and `runsc exec` gives the
         # command the container's rlimits (not its own process's): the
         # command's uid gets exactly the processes the spec allows. The
