@@ -1,0 +1,169 @@
+"""gVisor booted before the request (gvisor.preboot): one sentry per request, the
+workspace attached after boot, nothing left when the holder dies.
+
+Host-side effects decide: files in the workspace (and their owner), runsc
+processes found in /proc by their container id, state directories and cgroups.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from corral.sandbox.backend import GVisorConfig
+from corral.sandbox.cgroup import detect_layout
+from corral.sandbox.gvisor import preboot
+from corral.sandbox.gvisor.backend import STATE_ROOT
+from corral.sandbox.spec import ExecResult, Limits, SandboxSpec
+from tests.conformance.helpers import run, spec, until
+
+pytestmark = [
+    pytest.mark.requires_sandbox,
+    pytest.mark.requires_runsc,
+    pytest.mark.requires_root,
+    pytest.mark.requires_cgroup,
+]
+
+
+def _key(s: SandboxSpec) -> preboot.BootKey:
+    key = preboot.boot_key(s, GVisorConfig(), "corral")
+    assert key is not None
+    return key
+
+
+def _prebooted(s: SandboxSpec) -> ExecResult:
+    preboot.prepare(_key(s))
+    assert preboot._slot, "nothing was booted"
+    result = run(GVisorConfig().load(), s)
+    assert result.layers.get("preboot") == "booted before the request"
+    assert not preboot._slot  # taken once
+    return result
+
+
+def _runsc_of(name: str) -> list[int]:
+    """Host pids whose command line names the container `name`."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read()
+        except OSError:
+            continue
+        if name.encode() in cmd and b"runsc" in cmd:
+            found.append(int(pid))
+    return found
+
+
+def _cgroup_dirs(name: str) -> list[str]:
+    layout = detect_layout()
+    assert layout is not None
+    roots = [m for _, m in layout.v1] + ([layout.unified] if layout.unified else [])
+    return [d for r in roots if os.path.isdir(d := os.path.join(r, "corral", name))]
+
+
+def test_the_workspace_arrives_after_boot_with_the_callers_ownership(tmp_path: Path) -> None:
+    """The command writes into the workspace bound after the sandbox booted, runs
+    in it as the sandbox user, exits 7 and leaves one process: the host sees the
+    file (owned by the caller), the status and the count."""
+    (tmp_path / "before").write_text("host\n")
+    cmd = "cat before > copy; pwd > where; id -u > uid; sleep 100 & exit 7"
+    result = _prebooted(spec(tmp_path, "/bin/sh", "-c", cmd))
+    assert (result.exit, result.reason, result.processes_killed_at_end) == (7, "exited", 1)
+    assert (tmp_path / "copy").read_text() == "host\n"
+    assert (tmp_path / "where").read_text() == f"{tmp_path}\n"
+    assert (tmp_path / "uid").read_text() == "1000\n"
+    assert (tmp_path / "copy").stat().st_uid == os.getuid()
+
+
+def test_each_request_gets_a_fresh_sentry(tmp_path: Path) -> None:
+    """The first request leaves a file in the sandbox's /tmp and a process behind;
+    the second (booted after the first ended) sees neither, and the first's
+    runsc processes, state directory and cgroup are gone."""
+    first = _prebooted(
+        spec(tmp_path, "/bin/sh", "-c", "echo x > /tmp/left-over; setsid sleep 1000 & exit 0")
+    )
+    assert first.processes_killed_at_end == 1
+    check = (
+        "test -e /tmp/left-over && echo seen > seen; ps -e 2>/dev/null | grep -c sleep > n; true"
+    )
+    second = _prebooted(spec(tmp_path, "/bin/sh", "-c", check))
+    assert second.exit == 0
+    assert not (tmp_path / "seen").exists()
+    assert (tmp_path / "n").read_text().strip() == "0"
+
+
+def test_a_preboot_for_another_request_is_discarded(tmp_path: Path) -> None:
+    """Booted for workspace A, the request for B starts cold; A's sandbox is torn
+    down (no runsc process, no state directory, no cgroup) and A is untouched."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    preboot.prepare(_key(spec(a, "true")))
+    assert preboot._slot
+    parked = preboot._slot[0]
+    name = parked.name
+    assert _runsc_of(name)
+    result = run(GVisorConfig().load(), spec(b, "/bin/sh", "-c", "echo b > f"))
+    assert result.exit == 0
+    assert "preboot" not in result.layers
+    assert (b / "f").read_text() == "b\n"
+    assert os.listdir(a) == []
+    assert _runsc_of(name) == []
+    assert not os.path.exists(os.path.join(STATE_ROOT, name))
+    assert _cgroup_dirs(name) == []
+
+
+def test_other_limits_change_nothing_but_a_process_limit_needs_its_own_boot(
+    tmp_path: Path,
+) -> None:
+    """Memory and CPU limits are written into the parked sandbox's cgroup; a
+    process limit changes the boot (the sentry's fork log), so that request
+    starts cold."""
+    s = spec(tmp_path, "true", limits=Limits(memory_bytes=512 << 20, cpus=1.0))
+    assert _prebooted(s).exit == 0
+    with_pids = spec(tmp_path, "true", limits=Limits(pids=50))
+    assert preboot.boot_key(with_pids, GVisorConfig(), "corral") != _key(s)
+
+
+_HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from corral.sandbox.gvisor import preboot
+    key = preboot.BootKey(
+        sys.argv[1], "/home/corral", "corral", "exec", False, None, None, "corral"
+    )
+    preboot.prepare(key)
+    print(preboot._slot[0].name if preboot._slot else "-", flush=True)
+    time.sleep(1000)
+    """
+)
+
+
+def test_kill_9_of_the_holder_leaves_no_runsc_and_the_next_start_sweeps(tmp_path: Path) -> None:
+    """A process holding a pre-booted sandbox is SIGKILLed: every runsc process of
+    that sandbox dies with it, and the next start removes its state directory
+    and cgroup."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    with subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(ws)], stdout=subprocess.PIPE, text=True, env=env
+    ) as holder:
+        assert holder.stdout is not None
+        name = holder.stdout.readline().strip()
+        assert name != "-"
+        assert _runsc_of(name)
+        os.kill(holder.pid, signal.SIGKILL)
+    until(lambda: _runsc_of(name) == [], "the pre-booted sandbox's runsc processes end")
+    assert run(GVisorConfig().load(), spec(ws, "true")).exit == 0
+    assert not os.path.exists(os.path.join(STATE_ROOT, name))
+    assert _cgroup_dirs(name) == []
+    assert os.listdir(ws) == []
