@@ -185,7 +185,7 @@ def take(key: BootKey) -> PreBooted | None:
     if not _slot:
         return None
     pre = _slot.pop()
-    if pre.key == key and pre.proc.poll() is None:
+    if pre.key == key and pre.ready():
         return pre
     pre.discard()
     return None
@@ -308,7 +308,8 @@ class PreBooted:
     # -- boot -----------------------------------------------------------------
     @classmethod
     def boot(cls, key: BootKey) -> PreBooted:
-        """Boot a sandbox for `key`; raises when any step fails (nothing is left then)."""
+        """Start booting a sandbox for `key` (`ready` waits for the end); raises when
+        any step fails (nothing is left then)."""
         from corral.sandbox import uids
         from corral.sandbox.backend import GVisorConfig
         from corral.sandbox.cgroup import Cgroup, detect_layout, sweep_stale
@@ -446,8 +447,8 @@ class PreBooted:
             relay.close_child_ends()
             if refusals is not None:
                 refusals.started()
-            if relay.read_stdout(len(bd.SUPERVISOR_READY), _BOOT_S) != bd.SUPERVISOR_READY:
-                raise SandboxStartError(0, "the pre-booted gVisor sandbox did not start")
+            # Not waited for here: the worker takes its request (of any kind)
+            # while runsc boots; `take` waits for the supervisor's ready line.
             for fd in [*attach_fds, runsc_ns]:
                 os.close(fd)
                 fds.remove(fd)
@@ -478,6 +479,13 @@ class PreBooted:
                 proc, cgroup=cgroup, relay=relay, refusals=refusals, lease=lease, fds=fds, base=base
             )
             raise
+
+    def ready(self) -> bool:
+        """Wait for the supervisor's ready line (the boot's end); False if it never came."""
+        if self.proc.poll() is not None:
+            return False
+        got = self.relay.read_stdout(len(bd.SUPERVISOR_READY), _BOOT_S)
+        return got == bd.SUPERVISOR_READY
 
     # -- the request ------------------------------------------------------------
     def serve(
