@@ -7,11 +7,13 @@ processes found in /proc by their container id, state directories and cgroups.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -62,11 +64,11 @@ def _runsc_of(name: str) -> list[int]:
     return found
 
 
-def _cgroup_dirs(name: str) -> list[str]:
+def _cgroup_dirs(name: str, parent: str = "corral") -> list[str]:
     layout = detect_layout()
     assert layout is not None
     roots = [m for _, m in layout.v1] + ([layout.unified] if layout.unified else [])
-    return [d for r in roots if os.path.isdir(d := os.path.join(r, "corral", name))]
+    return [d for r in roots if os.path.isdir(d := os.path.join(r, parent, name))]
 
 
 def test_the_workspace_arrives_after_boot_with_the_callers_ownership(tmp_path: Path) -> None:
@@ -138,32 +140,60 @@ _HOLDER = textwrap.dedent(
     import sys, time
     from corral.sandbox.gvisor import preboot
     key = preboot.BootKey(
-        sys.argv[1], "/home/corral", "corral", "exec", False, None, None, "corral"
+        sys.argv[1], "/home/corral", "corral", "exec", False, None, None, sys.argv[2]
     )
     preboot.prepare(key)
+    if sys.argv[3] == "parked" and not (preboot._slot and preboot._slot[0].ready()):
+        preboot._slot.clear()
     print(preboot._slot[0].name if preboot._slot else "-", flush=True)
     time.sleep(1000)
     """
 )
 
 
-def test_kill_9_of_the_holder_leaves_no_runsc_and_the_next_start_sweeps(tmp_path: Path) -> None:
-    """A process holding a pre-booted sandbox is SIGKILLed: every runsc process of
-    that sandbox dies with it, and the next start removes its state directory
+@pytest.fixture
+def parent() -> Iterator[str]:
+    """A cgroup parent of this test's own: no other corral's start sweeps below it
+    (a sweep kills a dead owner's sandbox, and would hide a teardown that failed)."""
+    name = f"corral-t-{os.urandom(4).hex()}"
+    yield name
+    layout = detect_layout()
+    assert layout is not None
+    for root in [m for _, m in layout.v1] + ([layout.unified] if layout.unified else []):
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(os.path.join(root, name))
+
+
+@pytest.mark.parametrize("when", ["booting", "parked"])
+def test_kill_9_of_the_holder_leaves_no_runsc_and_the_next_start_sweeps(
+    tmp_path: Path, parent: str, when: str
+) -> None:
+    """A process holding a pre-booted sandbox (still booting, or parked) is
+    SIGKILLed: every runsc process of that sandbox dies with it (PDEATHSIG ends
+    `unshare`; the supervisor also ends on its stdin's EOF, or on the broken
+    pipe of its ready line), and the next start removes its state directory
     and cgroup."""
     ws = tmp_path / "ws"
     ws.mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     with subprocess.Popen(
-        [sys.executable, "-c", _HOLDER, str(ws)], stdout=subprocess.PIPE, text=True, env=env
+        [sys.executable, "-c", _HOLDER, str(ws), parent, when],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
     ) as holder:
         assert holder.stdout is not None
         name = holder.stdout.readline().strip()
         assert name != "-"
         assert _runsc_of(name)
         os.kill(holder.pid, signal.SIGKILL)
-    until(lambda: _runsc_of(name) == [], "the pre-booted sandbox's runsc processes end")
-    assert run(GVisorConfig().load(), spec(ws, "true")).exit == 0
+    until(lambda: _runsc_of(name) == [], "the pre-booted sandbox's runsc processes end", 10.0)
+    assert _cgroup_dirs(name, parent)  # nothing but a start sweeps it
+    running = GVisorConfig().load().start(spec(ws, "true"), parent_cgroup=parent)
+    try:
+        assert running.wait(60).exit == 0
+    finally:
+        running.close()
     assert not os.path.exists(os.path.join(STATE_ROOT, name))
-    assert _cgroup_dirs(name) == []
+    assert _cgroup_dirs(name, parent) == []
     assert os.listdir(ws) == []
