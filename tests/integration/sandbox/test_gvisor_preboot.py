@@ -74,15 +74,51 @@ def _cgroup_dirs(name: str, parent: str = "corral") -> list[str]:
 def test_the_workspace_arrives_after_boot_with_the_callers_ownership(tmp_path: Path) -> None:
     """The command writes into the workspace bound after the sandbox booted, runs
     in it as the sandbox user, exits 7 and leaves one process: the host sees the
-    file (owned by the caller), the status and the count."""
+    file (owned by the caller), the status and the count. The stage that stands
+    in for the workspace's parent takes nothing (its host directory stays as
+    corral made it)."""
     (tmp_path / "before").write_text("host\n")
-    cmd = "cat before > copy; pwd > where; id -u > uid; sleep 100 & exit 7"
-    result = _prebooted(spec(tmp_path, "/bin/sh", "-c", cmd))
+    cmd = (
+        "cat before > copy; pwd > where; id -u > uid; "
+        "touch ../sibling 2>/dev/null; mkdir ../d 2>/dev/null; sleep 100 & exit 7"
+    )
+    s = spec(tmp_path, "/bin/sh", "-c", cmd)
+    preboot.prepare(_key(s))
+    stage = Path(preboot._slot[0].mount_point).parent
+    running = GVisorConfig().load().start(s)
+    try:
+        result = running.wait(60)
+        assert os.listdir(stage) == [tmp_path.name]  # the sandbox's ../ is the stage
+    finally:
+        running.close()
+    assert result.layers.get("preboot") == "booted before the request"
     assert (result.exit, result.reason, result.processes_killed_at_end) == (7, "exited", 1)
     assert (tmp_path / "copy").read_text() == "host\n"
     assert (tmp_path / "where").read_text() == f"{tmp_path}\n"
     assert (tmp_path / "uid").read_text() == "1000\n"
     assert (tmp_path / "copy").stat().st_uid == os.getuid()
+    assert not stage.exists()  # removed with the state directory
+
+
+def test_the_process_limit_of_the_request_holds(tmp_path: Path) -> None:
+    """Booted for a request with `--pids`, the sandbox gets the request's limit
+    (the supervisor's RLIMIT_NPROC) and the sentry's refusals are counted."""
+    fork = (
+        "import os, time\n"
+        "n = 0\n"
+        "try:\n"
+        "    for _ in range(40):\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(2); os._exit(0)\n"
+        "        n += 1\n"
+        "except OSError:\n"
+        "    pass\n"
+        "open('n', 'w').write(str(n))\n"
+    )
+    result = _prebooted(spec(tmp_path, "python3", "-I", "-c", fork, limits=Limits(pids=8)))
+    assert result.exit == 0
+    assert int((tmp_path / "n").read_text()) <= 8  # as on a cold start: 40 without the limit
+    assert result.pids_limit_hits >= 1
 
 
 def test_each_request_gets_a_fresh_sentry(tmp_path: Path) -> None:

@@ -72,6 +72,10 @@ __all__ = ["BootKey", "PreBooted", "boot_key", "discard", "prepare", "remember",
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _CLONE_NEWNS = 0x00020000
+_MS_RDONLY = 0x1
+_MS_NOSUID = 0x2
+_MS_NODEV = 0x4
+_MS_REMOUNT = 0x20
 _MS_BIND = 0x1000
 _MS_SHARED = 1 << 20
 _NOBODY = 65534
@@ -249,6 +253,11 @@ def _stage_ns(stage: str) -> int:
             os.close(go_w)
             mounts.make_private_mount_ns()
             _mount(stage.encode(), stage.encode(), _MS_BIND, "bind the stage")
+            # Read-only on the host: the sandbox shows it (rw, for the
+            # workspace below it) as the workspace's parent; nothing may land
+            # in it but the mounts corral attaches.
+            flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV
+            _mount(None, stage.encode(), flags, "make the stage read-only")
             _mount(None, stage.encode(), _MS_SHARED, "make the stage shared")
             ok = b"1"
         except BaseException:
