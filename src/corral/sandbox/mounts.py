@@ -190,8 +190,11 @@ def bind_readonly(source: str, target: str) -> None:
         os.close(tree)
 
 
-def stage_bind(index: int, source: str, writable: bool, userns_fd: int) -> str:
-    """Clone `source`, idmap it, and attach it at staged_path(index).
+def stage_bind(
+    index: int, source: str, writable: bool, userns_fd: int, target: str | None = None
+) -> str:
+    """Clone `source`, idmap it, and attach it at staged_path(index) (or on the
+    existing `target`).
 
     `source` is opened again under the grant rule (no planted symlinks) and
     the mount is cloned from that descriptor, so a symlink swapped in since
@@ -223,11 +226,12 @@ def stage_bind(index: int, source: str, writable: bool, userns_fd: int) -> str:
             _libc.syscall(_SYS_MOUNT_SETATTR, tree, b"", _AT_EMPTY_PATH | _AT_RECURSIVE, attr, 32),
             f"idmapped mount of {source} (does its filesystem support idmapped mounts?)",
         )
-        target = staged_path(index)
-        if is_dir:
-            os.mkdir(target, 0o755)
-        else:
-            os.close(os.open(target, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
+        if target is None:
+            target = staged_path(index)
+            if is_dir:
+                os.mkdir(target, 0o755)
+            else:
+                os.close(os.open(target, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
         _check(
             _libc.syscall(
                 _SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, target.encode(), _MOVE_MOUNT_F_EMPTY_PATH

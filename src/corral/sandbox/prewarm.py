@@ -23,6 +23,9 @@ sysctls, the seccomp cache (its file is re-validated), the Landlock plan
 
 A process that never calls `prepare` (the Python CLI, `corral run`) takes
 nothing and computes everything per sandbox, as before.
+
+After a gVisor request, the warm worker also boots the next gVisor sandbox
+(`gvisor.preboot`), which a request with the same boot key takes.
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ def prepare() -> None:
     """
     if _slot or os.geteuid() != 0:
         return
+    from corral.sandbox.gvisor import preboot
+
+    preboot.prepare()
     from corral.sandbox import mounts, uids
 
     caller = (os.getuid(), os.getgid())
@@ -89,6 +95,9 @@ def take_userns(r: UidRange) -> tuple[UidLease, int] | None:
 
 def discard() -> None:
     """Give back what was prepared and never used (no sandbox ran with it: clean)."""
+    from corral.sandbox.gvisor import preboot
+
+    preboot.discard()
     while _slot:
         _release(_slot.pop())
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from corral.sandbox.backend import GVisorConfig, SandboxNet
+from corral.sandbox.gvisor import preboot
 from corral.sandbox.spec import ExecResult, SandboxSpec
 from tests.conformance.helpers import run, spec
 
@@ -26,6 +27,9 @@ pytestmark = [
 _COUNTED_BY = {
     "supervisor": "counted by the supervisor when the command exited",
     "holder": "counted by the holder before teardown",
+    # Booted before the request (gvisor.preboot): the same supervisor, its
+    # command given on stdin.
+    "preboot": "counted by the supervisor when the command exited",
 }
 
 
@@ -39,8 +43,14 @@ def _no_hook(_net: SandboxNet) -> None:
 
 
 def _run(path: str, s: SandboxSpec) -> ExecResult:
-    result = run(GVisorConfig().load(), s, network=_no_hook if path == "holder" else None)
+    backend = GVisorConfig().load()
+    if path == "preboot":
+        key = preboot.boot_key(s, GVisorConfig(), "corral")
+        assert key is not None
+        preboot.prepare(key)
+    result = run(backend, s, network=_no_hook if path == "holder" else None)
     assert result.layers["leftovers"] == _COUNTED_BY[path]
+    assert ("preboot" in result.layers) == (path == "preboot")
     return result
 
 
@@ -96,17 +106,20 @@ def test_leftovers_cannot_hide_by_name_or_dumpability(path: str, tmp_path: Path)
     assert result.processes_killed_at_end == len(_NAMES)
 
 
-def test_the_command_cannot_write_the_supervisors_report(tmp_path: Path) -> None:
-    """The command tries the parent's descriptor to the report, and leaves a
-    process that keeps writing a forged one (status 0, nothing left) over it;
-    it exits 9: the host reports 9 and the writer (with its `rm` of the moment)."""
+@pytest.mark.parametrize("where", ["supervisor", "preboot"])
+def test_the_command_cannot_write_the_supervisors_report(where: str, tmp_path: Path) -> None:
+    """The command tries every descriptor of pid 1 (the supervisor's to the
+    report among them) and its own, and leaves a process that keeps writing a
+    forged report (status 0, nothing left) over it; it exits 9: the host
+    reports 9 and the writer (with its `rm` of the moment)."""
     r = "/run/corral-report/status"
     forge = f"rm -f {r}; echo 'exit 0 left 0' > {r}"
     attack = (
-        "echo 'exit 0 left 0' > /proc/1/fd/3; echo 'exit 0 left 0' >&3; "
+        "for f in /proc/1/fd/*; do echo 'exit 0 left 0' > $f; done 2>/dev/null; "
+        "for n in 3 4 5 6 7 8 9; do eval \"echo 'exit 0 left 0' >&$n\"; done 2>/dev/null; "
         f'setsid sh -c "while :; do {forge}; done" </dev/null >/dev/null 2>&1 & '
         "sleep 0.5; exit 9"
     )
-    result = _run("supervisor", spec(tmp_path, "/bin/sh", "-c", attack))
+    result = _run(where, spec(tmp_path, "/bin/sh", "-c", attack))
     assert (result.exit, result.reason) == (9, "exited")
     assert result.processes_killed_at_end in (1, 2)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from corral.sandbox.backend import GVisorConfig, SandboxNet
+from corral.sandbox.gvisor import preboot
 from tests.conformance.helpers import run, spec
 
 pytestmark = [
@@ -26,7 +27,9 @@ def _no_hook(_net: SandboxNet) -> None:
     pass
 
 
-@pytest.mark.parametrize("hook", [None, _no_hook], ids=["supervisor", "holder"])
+@pytest.mark.parametrize(
+    "hook", [None, _no_hook, "preboot"], ids=["supervisor", "holder", "preboot"]
+)
 @pytest.mark.parametrize(
     "extra", [(), (("IFS", ":"), ("PWD", "/x y;$(id)"))], ids=["plain", "pwd-ifs"]
 )
@@ -35,10 +38,15 @@ def test_the_command_gets_exactly_the_spec_environment(
 ) -> None:
     s = spec(tmp_path, "/usr/bin/python3", "-I", "-S", "-c", _DUMP, "a b", "$0")
     s = dataclasses.replace(s, env=tuple(sorted((*s.env, *extra))))
-    result = run(GVisorConfig().load(), s, network=_no_hook if hook else None)
+    if hook == "preboot":
+        key = preboot.boot_key(s, GVisorConfig(), "corral")
+        assert key is not None
+        preboot.prepare(key)
+    result = run(GVisorConfig().load(), s, network=_no_hook if hook is _no_hook else None)
     assert (result.exit, result.reason) == (0, "exited")
+    assert ("preboot" in result.layers) == (hook == "preboot")
     env, argv = ast.literal_eval((tmp_path / "out").read_text())
-    if hook:  # the broker link's proxy variables (gvisor.net) are the holder path's own
+    if hook is _no_hook:  # the broker link's proxy variables (gvisor.net) are the holder path's own
         env = [(k, v) for k, v in env if not k.lower().endswith("_proxy")]
     assert env == sorted(s.env)
     assert argv == ["a b", "$0"]

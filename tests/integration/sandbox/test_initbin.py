@@ -56,7 +56,7 @@ def test_init_is_static(tmp_path: Path) -> None:
 
 
 def test_dynamic_when_static_linking_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(initbin, "_STATIC", "-Wl,--corral-no-such-option")
+    monkeypatch.setattr(initbin, "_INIT_LINKS", (("-Wl,--corral-no-such-option",), ()))
     binary = initbin.init_binary(str(tmp_path))
     assert binary is not None
     assert _has_interpreter(binary)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 
@@ -227,3 +228,30 @@ def test_prepared_etc_is_one_mount() -> None:
     cfg = bd.build_config(replace(PLAN, etc_dir="/run/corral-gvisor/x/bundle/etc"))
     etc = [m for m in cfg["mounts"] if str(m["destination"]).startswith("/etc")]  # type: ignore[attr-defined]
     assert etc == [_b("/run/corral-gvisor/x/bundle/etc", "/etc", False)]
+
+
+def test_supervised_process_is_the_static_supervisor() -> None:
+    """Without a network hook pid 1 is corral's static supervisor (no shell): uid 0
+    with the three capabilities it needs, the spec's env and cwd untouched, the
+    command's argv after "--" as data."""
+    plan = dataclasses.replace(PLAN, report_dir="/run/corral-gvisor/x/report")
+    config = bd.build_config(plan)
+    proc = config["process"]
+    assert isinstance(proc, dict)
+    assert proc["args"] == [
+        "/run/corral-report/gvsup",
+        "/run/corral-report/status",
+        "1000",
+        "1000",
+        "--",
+        "git",
+        "status",
+    ]
+    assert proc["env"] == COMMAND["env"]
+    assert proc["cwd"] == COMMAND["cwd"]
+    assert proc["user"] == {"uid": 0, "gid": 0, "additionalGids": []}
+    caps = proc["capabilities"]
+    assert isinstance(caps, dict)
+    assert caps["bounding"] == ["CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"]
+    assert caps["inheritable"] == caps["ambient"] == []
+    assert _b("/run/corral-gvisor/x/report", "/run/corral-report", True) in config["mounts"]  # type: ignore[operator]

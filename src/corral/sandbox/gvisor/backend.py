@@ -284,6 +284,8 @@ class GVisorBackend:
             from corral.sandbox.protect import preview_protection
 
             protect = preview_protection(spec, staged)
+        if self.is_root:
+            protect = ()  # bound on the host, under the staged binds (see start)
         return bd.BundlePlan(
             spec=spec,
             system_links=_system_links(),
@@ -344,8 +346,14 @@ class GVisorBackend:
         with_net = network is not None
         # Nothing to attach before the command runs: the container's own
         # process runs it (bundle.supervisor), no `runsc exec`. As root only:
-        # the report directory's owner must be the sandbox's root.
-        supervised = not with_net and self.is_root
+        # the report directory's owner must be the sandbox's root. Without a
+        # C compiler, the holder and `runsc exec` do the same.
+        sup_bin: str | None = None
+        if not with_net and self.is_root:
+            from corral.sandbox.initbin import gvsup_binary
+
+            sup_bin = gvsup_binary(cache_dir())
+        supervised = sup_bin is not None
         if with_net:
             from corral.sandbox.gvisor import net as gnet
             from corral.sandbox.spec import SANDBOX_PROXY_PORT
@@ -355,6 +363,16 @@ class GVisorBackend:
             raise LayerUnavailableError(
                 "unix", "gVisor reaches no host unix socket; --allow-unix cannot be honoured"
             )
+        if not with_net and self.is_root:
+            from corral.sandbox.gvisor import preboot
+
+            key = preboot.boot_key(spec, self.config, parent_cgroup or "corral")
+            if key is not None:
+                # The next warm worker boots for this request's kind (gvisor.preboot).
+                preboot.remember(key)
+                pre = preboot.take(key)
+                if pre is not None:
+                    return pre.serve(spec, stdio)
         runsc, platform, _ = self._platform()
         layers: dict[str, object] = {"gvisor": platform}
         layout = self._layout if self._layout is not None else detect_layout()
@@ -398,7 +416,10 @@ class GVisorBackend:
                 etc_entries=_etc_entries(),
                 binds=tuple(staged),
                 files_dir=files,
-                protect_binds=protect,
+                # As root they are read-only binds in the staged trees
+                # (child_setup), carried by each staged bind's one rbind: one
+                # gofer mount per staged tree, not one per placeholder.
+                protect_binds=() if self.is_root else protect,
                 uid=INSIDE_UID,
                 gid=INSIDE_UID,
                 # runsc's own: the one its prelude left it in (gvisor.net).
@@ -407,7 +428,7 @@ class GVisorBackend:
                 etc_dir=os.path.join(base, "bundle", "etc") if self.is_root else None,
                 report_dir=os.path.join(base, "report") if supervised else None,
             )
-            _write_bundle(base, plan)
+            _write_bundle(base, plan, sup_bin)
             etc_binds: list[tuple[str, str]] = []
             if plan.etc_dir is not None:
                 from corral.sandbox.gvisor import etcdir
@@ -467,6 +488,8 @@ class GVisorBackend:
                 ),
             ]
             binds = [(spec.workspace, True), *((b.path, b.writable) for b in spec.binds)]
+            # Shallow first: a placeholder below another one lands on top of it.
+            host_protect = sorted(protect, key=bd.depth_key) if self.is_root else []
             is_root = self.is_root
             me = os.getpid()
             err_r, err_w = os.pipe()
@@ -482,6 +505,8 @@ class GVisorBackend:
                         mounts.make_private_mount_ns()
                         for i, (path, writable) in enumerate(binds):
                             mounts.stage_bind(i, path, writable, userns_fd)
+                        for b in host_protect:
+                            mounts.bind_readonly(b.source, b.source)
                         for src, dst in etc_binds:
                             mounts.bind_readonly(src, dst)
                     set_pdeathsig(signal.SIGKILL)
@@ -764,7 +789,7 @@ def _synthetic(spec: SandboxSpec) -> dict[str, bytes]:
     }
 
 
-def _write_bundle(base: str, plan: bd.BundlePlan) -> None:
+def _write_bundle(base: str, plan: bd.BundlePlan, supervisor_bin: str | None = None) -> None:
     bundle = os.path.join(base, "bundle")
     rootfs = os.path.join(bundle, "rootfs")
     os.makedirs(os.path.join(base, "state"), mode=0o700)
@@ -773,6 +798,13 @@ def _write_bundle(base: str, plan: bd.BundlePlan) -> None:
     if plan.report_dir is not None:
         # Only root opens it: the command's uid inside cannot (see bundle.supervisor).
         os.mkdir(plan.report_dir, 0o700)
+        if supervisor_bin is None:
+            raise SandboxStartError(0, "no gVisor supervisor binary")
+        # A copy, never a hard link: the directory is mounted writable, and
+        # the cached inode is every later sandbox's supervisor.
+        dest = os.path.join(plan.report_dir, bd.SUPERVISOR_NAME)
+        shutil.copyfile(supervisor_bin, dest)
+        os.chmod(dest, 0o755)
     # The gofer opens these as root and the sentry reads them: world-readable,
     # owned by root, in a directory only root can write.
     for name, data in _synthetic(plan.spec).items():

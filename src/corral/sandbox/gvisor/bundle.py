@@ -24,12 +24,18 @@ __all__ = [
     "MAX_LEFT",
     "MAX_REPORT",
     "PLATFORMS",
+    "PREBOOT_SUPERVISOR",
     "REPORT_DIR",
+    "SUPERVISOR_NAME",
+    "SUPERVISOR_READY",
     "SYNTHETIC_ETC",
+    "TMPFS",
     "BundlePlan",
     "build_config",
     "choose_platform",
     "command_process",
+    "depth_key",
+    "encode_request",
     "holder",
     "mount_points",
     "parse_left",
@@ -88,31 +94,21 @@ while :; do sleep 100000 & wait; done
 """
 )
 #: Without a network hook to attach first, the container's own process runs the
-#: command itself (no `runsc exec`): a shell as uid 0 with only the capabilities
-#: setpriv needs to become the command's uid with none at all (and an empty
-#: bounding set) under no_new_privs. The command runs in the foreground with the
-#: container's stdio, so dash's wait reaps what it orphans; when it exits the
-#: supervisor counts what it left (as the holder does; the command's processes
-#: now have the supervisor as a parent, reaped, so "parent inside" is the same
-#: rule) and writes "exit S left N" to a file in REPORT_DIR, a host directory
-#: only root may open (0700; the command's uid cannot), then exits, and gVisor
-#: ends the sandbox. Its descriptor to that file is closed for the command.
-_SUPERVISOR_SCRIPT = (
-    """exec 3>{report}/status || exit 125
-{pwd}
-{ifs}
-shift
-/usr/bin/setpriv --reuid={uid} --regid={gid} --clear-groups --inh-caps=-all \\
-  --bounding-set=-all -- "$@" 3>&-
-st=$?
-unset IFS
-"""
-    + _COUNT
-    + """echo "exit $st left $n" >&3
-"""
-)
+#: command itself (no `runsc exec`): corral's static supervisor (_payload/gvsup.c,
+#: built like the init) as uid 0 with only the capabilities it needs to become
+#: the command's uid with none at all (and an empty bounding set) under
+#: no_new_privs. The command runs with the container's stdio, environment and
+#: cwd; the supervisor reaps what it orphans and, when it exits, counts what it
+#: left (the holder's rule: the command's processes now have the supervisor as
+#: a parent, so "parent inside" is the same) and writes "exit S left N" to a
+#: file in REPORT_DIR, a host directory only root may open (0700; the command's
+#: uid cannot), then exits, and gVisor ends the sandbox. Its descriptor to that
+#: file is close-on-exec. The binary itself sits in REPORT_DIR too: no mount of
+#: its own, and out of the command's reach.
 #: Where the supervisor's report directory is mounted inside.
 REPORT_DIR = "/run/corral-report"
+#: The supervisor binary's name in REPORT_DIR.
+SUPERVISOR_NAME = "gvsup"
 _SUPERVISOR_CAPS = ["CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"]
 _REPORT_RE = re.compile(rb"exit (\d{1,3}) left (\d{1,9})\n")
 #: The longest report `parse_report` accepts.
@@ -131,26 +127,52 @@ def holder(uid: int) -> tuple[str, ...]:
     return ("/bin/sh", "-c", _HOLDER_SCRIPT.format(uid=int(uid)))
 
 
-def supervisor(
-    uid: int, gid: int, argv: tuple[str, ...], env: tuple[tuple[str, str], ...] = ()
-) -> tuple[str, ...]:
+def supervisor(uid: int, gid: int, argv: tuple[str, ...]) -> tuple[str, ...]:
     """The supervisor's argv: it runs `argv` as `uid`:`gid` (pure).
 
-    The command gets `env` exactly: dash exports a PWD of its own when the
-    environment has none and rewrites the PWD and IFS it finds, so the script
-    unsets them or sets them back to `env`'s values, passed as $0 and $1
-    (data, never script text).
+    The command gets the container's environment (the spec's) untouched: no
+    shell stands between them.
     """
-    values = dict(env)
-    pwd, ifs = values.get("PWD"), values.get("IFS")
-    script = _SUPERVISOR_SCRIPT.format(
-        report=REPORT_DIR,
-        uid=int(uid),
-        gid=int(gid),
-        pwd="unset PWD" if pwd is None else "PWD=$0",
-        ifs="unset IFS" if ifs is None else "IFS=$1",
+    return (
+        f"{REPORT_DIR}/{SUPERVISOR_NAME}",
+        f"{REPORT_DIR}/status",
+        str(int(uid)),
+        str(int(gid)),
+        "--",
+        *argv,
     )
-    return ("/bin/sh", "-c", script, pwd or "corral-supervisor", ifs or "", *argv)
+
+
+#: The argv of a pre-booted sandbox's supervisor: the request comes on its stdin.
+PREBOOT_SUPERVISOR: tuple[str, ...] = (
+    f"{REPORT_DIR}/{SUPERVISOR_NAME}",
+    "--request",
+    f"{REPORT_DIR}/status",
+)
+#: What a pre-booted supervisor writes on stdout once it waits for its request.
+SUPERVISOR_READY = b"ready\n"
+
+
+def encode_request(
+    uid: int,
+    gid: int,
+    *,
+    nproc: int | None,
+    cwd: str,
+    argv: tuple[str, ...],
+    env: tuple[tuple[str, str], ...],
+) -> bytes:
+    """The request a pre-booted supervisor reads on stdin (gvsup.c read_request; pure).
+
+    Raises ValueError for a field holding a NUL (no such argv or env can exist).
+    """
+    fields = [str(int(uid)), str(int(gid)), "-" if nproc is None else str(int(nproc)), cwd]
+    fields += [str(len(argv)), *argv, *(f"{k}={v}" for k, v in env)]
+    raw = [f.encode("utf-8", "surrogateescape") for f in fields]
+    if any(b"\0" in f for f in raw) or not argv:
+        raise ValueError("a request field holds a NUL, or there is no command")
+    body = b"".join(f + b"\0" for f in raw)
+    return len(body).to_bytes(4, "little") + body
 
 
 def parse_report(report: bytes) -> tuple[int, int] | None:
@@ -170,6 +192,7 @@ def parse_left(answer: bytes) -> int | None:
 
 #: Directories that start empty and die with the sandbox.
 _TMPFS: tuple[str, ...] = ("/tmp", "/home", "/var", "/var/tmp", "/run")
+TMPFS = _TMPFS
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,9 +214,13 @@ class BundlePlan:
     #: The supervisor's host report directory: the container's process runs the
     #: command itself (see supervisor()); None: the holder, and `runsc exec`.
     report_dir: str | None = None
+    #: Booted ahead of its request (gvisor.preboot): the supervisor reads the
+    #: command, env, cwd and process limit on stdin (PREBOOT_SUPERVISOR).
+    preboot: bool = False
 
 
-def _depth_key(bind: StagedBind) -> tuple[int, str]:
+def depth_key(bind: StagedBind) -> tuple[int, str]:
+    """Sort key: shallower destinations first (pure)."""
     return (bind.dest.rstrip("/").count("/"), bind.dest)
 
 
@@ -236,12 +263,15 @@ def build_config(plan: BundlePlan) -> dict[str, object]:
         # Over the host's bundle inside the /etc bound above: the host store
         # plus the run's interception CA (broker.tls_setup).
         mounts.append(_bind(spec.network.trust_bundle, TRUST_BUNDLE, False))
-    for b in sorted((*plan.binds, *plan.protect_binds), key=_depth_key):
+    for b in sorted((*plan.binds, *plan.protect_binds), key=depth_key):
         mounts.append(_bind(b.source, b.dest, b.writable))
-    if plan.report_dir is not None:
+    if plan.report_dir is not None and plan.preboot:
+        mounts.append(_bind(plan.report_dir, REPORT_DIR, True))
+        process = _process(list(PREBOOT_SUPERVISOR), [], "/", 0, 0, caps=_SUPERVISOR_CAPS)
+    elif plan.report_dir is not None:
         mounts.append(_bind(plan.report_dir, REPORT_DIR, True))
         process = _process(
-            list(supervisor(plan.uid, plan.gid, spec.argv, spec.env)),
+            list(supervisor(plan.uid, plan.gid, spec.argv)),
             [f"{k}={v}" for k, v in spec.env],
             spec.workspace,
             0,
@@ -252,7 +282,7 @@ def build_config(plan: BundlePlan) -> dict[str, object]:
         # The container's own process is the holder (see holder()); the
         # command is `runsc exec`ed beside it (`command_process`).
         process = _process(list(holder(plan.uid)), ["PATH=/usr/bin:/bin"], "/", 0, 0)
-    if spec.limits.pids is not None:
+    if spec.limits.pids is not None and not plan.preboot:
         # The sentry enforces RLIMIT_NPROC per uid, and `runsc exec` gives the
         # command the container's rlimits (not its own process's): the
         # command's uid gets exactly the processes the spec allows. The

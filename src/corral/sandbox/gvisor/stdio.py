@@ -65,19 +65,42 @@ class StdioRelay:
     `started()` after the spawn, `close()` after the sandbox ended.
     """
 
-    def __init__(self, sources: tuple[int | None, int | None, int | None]) -> None:
-        # A terminal is never handed over nor read or written behind the
-        # caller's back (as with `terminal.stdio_without_tty`): stdin from a
-        # terminal is empty, output to one is dropped; `corral exec` passes
-        # its pty relay's descriptors instead.
-        src = [s if s is not None else i for i, s in enumerate(sources)]
-        self._src = tuple(-1 if _isatty(fd) else _dup(fd) for fd in src)
+    def __init__(self, sources: tuple[int | None, int | None, int | None] | None) -> None:
+        """`sources` None: given later with `attach` (a pre-booted sandbox)."""
+        self._src: tuple[int, ...] = (-1, -1, -1)
+        if sources is not None:
+            self.attach(sources)
         self._in_r, self._in_w = os.pipe2(os.O_CLOEXEC)
         self._out_r, self._out_w = os.pipe2(os.O_CLOEXEC)
         self._err_r, self._err_w = os.pipe2(os.O_CLOEXEC)
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
         #: Thread -> the duplicate it uses, closed once the thread is done.
         self._threads: list[tuple[threading.Thread, int]] = []
+
+    def attach(self, sources: tuple[int | None, int | None, int | None]) -> None:
+        """Copy to and from `sources` (before `started`)."""
+        # A terminal is never handed over nor read or written behind the
+        # caller's back (as with `terminal.stdio_without_tty`): stdin from a
+        # terminal is empty, output to one is dropped; `corral exec` passes
+        # its pty relay's descriptors instead.
+        src = [s if s is not None else i for i, s in enumerate(sources)]
+        self._src = tuple(-1 if _isatty(fd) else _dup(fd) for fd in src)
+
+    def write_stdin(self, data: bytes) -> bool:
+        """Write `data` first on the command's stdin (before `started`)."""
+        return _write_all(self._in_w, data)
+
+    def read_stdout(self, n: int, timeout_s: float) -> bytes:
+        """Up to `n` bytes of the container's stdout, before `started` (b"" on EOF or timeout)."""
+        got = b""
+        while len(got) < n:
+            if not select.select([self._out_r], [], [], timeout_s)[0]:
+                break
+            chunk = os.read(self._out_r, n - len(got))
+            if not chunk:
+                break
+            got += chunk
+        return got
 
     def child_fds(self) -> tuple[int, int, int]:
         """The pipe ends runsc gets as fds 0, 1, 2."""
@@ -113,11 +136,16 @@ class StdioRelay:
         finally:
             os.close(src)
 
+    def close_child_ends(self) -> None:
+        """The child holds its ends now: close ours (so its exit is our EOF)."""
+        for fd in (self._in_r, self._out_w, self._err_w):
+            if fd >= 0:
+                os.close(fd)
+        self._in_r = self._out_w = self._err_w = -1
+
     def started(self) -> None:
         """The child holds its ends now: close ours, start copying."""
-        for fd in (self._in_r, self._out_w, self._err_w):
-            os.close(fd)
-        self._in_r = self._out_w = self._err_w = -1
+        self.close_child_ends()
         for target, args, own in (
             (self._feed, (), self._src[0]),
             (self._drain, (self._out_r, self._src[1]), self._src[1]),
