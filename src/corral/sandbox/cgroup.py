@@ -227,6 +227,10 @@ class Cgroup:
             except OSError as exc:
                 raise CgroupError(exc.errno, f"cannot create cgroup {d}: {exc.strerror}") from exc
 
+    def apply_limits(self, limits: Limits) -> None:
+        """Write `limits` (a cgroup made with none, for a child already in it: `prefork`)."""
+        self._apply_limits(limits)
+
     def _apply_limits(self, limits: Limits) -> None:
         if self.layout.kind == "v2":
             d = self.dirs["unified"]
