@@ -9,9 +9,11 @@ the host (processes, cgroup directories and files, descriptors).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -79,7 +81,8 @@ def test_the_parked_child_is_in_its_cgroup_before_the_request(
 def test_kill9_of_the_warm_worker_takes_its_parked_child_and_cgroup(
     parked: tuple[int, int], workspace: Path
 ) -> None:
-    """PDEATHSIG ends the child; its cgroup carries the dead worker's pid, so it is swept."""
+    """The child goes (EOF on its socketpair, PDEATHSIG); its cgroup, named for the dead
+    worker, is swept by the next exec."""
     warm, child = parked
     dirs = _cgroups_of(warm)
     assert dirs
@@ -171,3 +174,48 @@ def test_an_edit_retires_the_parked_child_with_its_launcher(
     launcher_proc.proc.wait(30)
     assert wait_for(lambda: not alive(child), 30), "a stale parked child outlived its launcher"
     assert wait_for(lambda: [d for d in dirs if os.path.isdir(d)] == [], 30), dirs
+
+
+_HOLDER = """
+import sys, time
+from corral.sandbox import prefork
+prefork.prepare(sys.argv[1])
+(p,) = prefork._slot
+print(p.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_kill9_of_any_worker_kills_its_parked_child_before_any_sweep(workspace: Path) -> None:
+    """Under a cgroup parent of its own, which no other corral sweeps: the child goes by itself.
+
+    (Under `corral/`, any corral on the host that starts meanwhile sweeps the dead worker's
+    cgroup and kills the child too; here only the child's own EOF and PDEATHSIG can.)
+    """
+    from corral.sandbox.cgroup import detect_layout, sweep_stale
+
+    layout = detect_layout()
+    assert layout is not None
+    parent = f"corral-t-{os.urandom(4).hex()}"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, parent],
+        stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None
+        child = int(holder.stdout.readline())
+        assert comm(child) == prefork.SPAWN_COMM
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+        assert wait_for(lambda: not alive(child), 10), f"parked child {child} outlived its worker"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(holder.pid, signal.SIGKILL)
+        # Not communicate(): a surviving child holds the pipe's write end.
+        if holder.stdout is not None:
+            holder.stdout.close()
+        holder.wait()
+        sweep_stale(layout, parent)
+        for root in [m for _, m in layout.v1] + ([layout.unified] if layout.unified else []):
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(os.path.join(root, parent))
