@@ -47,10 +47,11 @@ if TYPE_CHECKING:
     from corral.sandbox.cgroup import Cgroup, CgroupLayout
     from corral.sandbox.spec import Limits
 
-__all__ = ["SPAWN_COMM", "AdoptedChild", "Prepared", "discard", "prepare", "take"]
+__all__ = ["SETUP_COMM", "SPAWN_COMM", "AdoptedChild", "Prepared", "discard", "prepare", "take"]
 
-#: /proc/PID/comm of a parked child (until it execs bwrap).
+#: /proc/PID/comm of a parked child, and of one setting up for its request (until exec).
 SPAWN_COMM = "corral-spawn"
+SETUP_COMM = "corral-spawning"
 _MAX_BODY = 16 << 20
 #: SCM_MAX_FD: the kernel refuses more descriptors in one message.
 _MAX_FDS = 253
@@ -291,6 +292,7 @@ def _child(sock: socket.socket, attach: list[int], worker: int) -> None:
             os.close(fd)
         sock.sendall(b"R")
         (argv, env, umask, limits, setup), sock = _receive(sock)
+        _set_comm(SETUP_COMM.encode())
         import resource
 
         for res, soft, hard in limits:
