@@ -36,6 +36,7 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -364,6 +365,9 @@ class NamespaceSandbox:
         """Start the sandbox; raises LayerUnavailableError or SandboxStartError."""
         self._validate()
         layers, layout, bpf, use_landlock, bwrap_path = self._check_layers()
+        if layout is not None and self._layout is None and self.cgroup_parent == "corral":
+            # Not below a caller's cgroup (`corral run` freezes its own v1 freezer cgroup).
+            layout = layout.without_v2_stand_ins()
         spec = self.spec
         binary = None
         if self.init_kind != "python":
@@ -390,10 +394,11 @@ class NamespaceSandbox:
         spawned: Prepared | None = None
         try:
             if layout is not None:
-                from corral.sandbox import prefork
-
-                # A warm launcher worker forked this sandbox's child ahead, in its cgroup.
-                spawned = prefork.take(layout, self.cgroup_parent, spec.limits)
+                # A warm launcher worker forked this sandbox's child ahead, in its cgroup
+                # (only a process that prepared one has the module: no import otherwise).
+                prefork = sys.modules.get("corral.sandbox.prefork")
+                if prefork is not None:
+                    spawned = prefork.take(layout, self.cgroup_parent, spec.limits)
                 if spawned is not None:
                     cgroup = spawned.cgroup
                 else:

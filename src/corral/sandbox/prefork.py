@@ -204,9 +204,11 @@ def prepare(parent: str = "corral") -> None:
     layout = detect_layout()
     if layout is None or cgroup_unwritable(layout) is not None:
         return
-    # Off the request path: what killed corrals (and workers) left behind.
+    # Off the request path: what killed corrals (and workers) left behind, in every hierarchy.
     with contextlib.suppress(CgroupError, OSError):
         sweep_stale(layout, parent)
+    if parent == "corral":
+        layout = layout.without_v2_stand_ins()  # as NamespaceSandbox.start makes it
     try:
         cg = Cgroup.create(layout, f"{parent}/exec-{os.getpid()}-{os.urandom(4).hex()}", Limits())
     except (CgroupError, OSError):
