@@ -629,7 +629,7 @@ _PREIMPORT = (
     "corral.sandbox.setid", "corral.sandbox.initbin", "corral.sandbox.kaudit",
     "corral.sandbox.landlock", "corral.sandbox.layers", "corral.sandbox.netns",
     "corral.sandbox.placement", "corral.sandbox.uids", "corral.sandbox.unix_supervisor",
-    "corral.sandbox.terminal", "corral.sandbox.prewarm",
+    "corral.sandbox.terminal", "corral.sandbox.prewarm", "corral.sandbox.prefork",
     "corral.broker.actions", "corral.broker.attach", "corral.broker.config",
     "corral.broker.credentials", "corral.broker.hosts", "corral.broker.journal",
     "corral.broker.kernel_denials", "corral.broker.policy", "corral.broker.privdir",

@@ -55,6 +55,29 @@ class CgroupLayout:
     def v1_mount(self, controller: str) -> str | None:
         return dict(self.v1).get(controller)
 
+    def without_v2_stand_ins(self) -> CgroupLayout:
+        """This layout less the v1 hierarchies the hybrid cgroup2 tree stands in for.
+
+        With cgroup2 mounted beside v1 (Linux >= 5.14, for `cgroup.kill`), a
+        sandbox's usage comes from its `cpu.stat`, its kill from `cgroup.kill`
+        and its freezing from `cgroup.freeze`: its own cpuacct and freezer
+        directories serve nothing, and each hierarchy costs a mkdir, an attach
+        (the child's first v1 attach waits an RCU grace period) and an rmdir.
+        Without them the sandbox stays in its creator's cgroups of those two.
+        """
+        if self.kind != "v1" or not self.unified or _kernel() < (5, 14):
+            return self
+        keep = tuple(x for x in self.v1 if x[0] not in ("cpuacct", "freezer"))
+        return CgroupLayout("v1", keep, self.unified)
+
+
+def _kernel() -> tuple[int, int]:
+    try:
+        major, minor = os.uname().release.split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        return (0, 0)
+
 
 @dataclass(frozen=True, slots=True)
 class CgroupUsage:
@@ -228,7 +251,8 @@ class Cgroup:
                 raise CgroupError(exc.errno, f"cannot create cgroup {d}: {exc.strerror}") from exc
 
     def apply_limits(self, limits: Limits) -> None:
-        """Set `limits` on a cgroup created without them (a pre-booted gVisor sandbox)."""
+        """Set `limits` on a cgroup created without them, for what already runs in it
+        (a pre-booted gVisor sandbox, a parked namespace child: `prefork`)."""
         self._apply_limits(limits)
 
     def _apply_limits(self, limits: Limits) -> None:

@@ -38,8 +38,9 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
 
     from corral.sandbox.backend import NamespaceConfig, SandboxNet
     from corral.sandbox.netns import NetNs
+    from corral.sandbox.prefork import Prepared
     from corral.sandbox.protect import Placeholders
     from corral.sandbox.spec import ExitReason
     from corral.sandbox.uids import UidLease
@@ -167,6 +169,54 @@ def set_pdeathsig(signum: int) -> None:
     if _libc.prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(signum), 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
+
+
+def child_setup(
+    *,
+    attach_fds: Sequence[int],
+    is_root: bool,
+    binds: Sequence[tuple[str, bool]],
+    userns_fd: int,
+    host_uid: int,
+    host_gid: int,
+    parent: int,
+    unix: UnixChildInstaller | None,
+    err_w: int,
+    etc_stage: stage.EtcStage | None,
+    self_binds: Sequence[stage.SelfBind],
+) -> None:
+    """The sandbox child between fork and exec of bwrap (Popen's preexec_fn, or `prefork`'s child).
+
+    Joins the cgroup (when `attach_fds`), stages the idmapped binds, /dev,
+    /etc and the guards' self-binds in a private mount namespace and drops to
+    the sandbox's host uid (root), arms PDEATHSIG, installs the connect()
+    notification filter. A failure's reason goes to `err_w`.
+    """
+    try:
+        for fd in attach_fds:
+            os.write(fd, b"0")
+        if is_root:
+            mounts.make_private_mount_ns()
+            for i, (path, writable) in enumerate(binds):
+                mounts.stage_bind(i, path, writable, userns_fd)
+            if etc_stage is not None:  # with it the plan binds the staged /dev
+                stage.stage_dev(host_uid, host_gid)
+                stage.stage_etc(etc_stage)
+            for root, rel, writable, _ in self_binds:
+                stage.self_bind(root, rel, writable)
+            os.setgroups([])
+            os.setresgid(host_gid, host_gid, host_gid)
+            os.setresuid(host_uid, host_uid, host_uid)
+        # Set after the uid change, which clears it.
+        set_pdeathsig(signal.SIGKILL)
+        if os.getppid() != parent:
+            os._exit(125)
+        if unix is not None:
+            unix.install()
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.write(err_w, str(exc).encode()[:4000])
+        raise
 
 
 def _memfd(name: str, data: bytes) -> int:
@@ -324,6 +374,9 @@ class NamespaceSandbox:
         """Start the sandbox; raises LayerUnavailableError or SandboxStartError."""
         self._validate()
         layers, layout, bpf, use_landlock, bwrap_path = self._check_layers()
+        if layout is not None and self._layout is None and self.cgroup_parent == "corral":
+            # Not below a caller's cgroup (`corral run` freezes its own v1 freezer cgroup).
+            layout = layout.without_v2_stand_ins()
         spec = self.spec
         binary = None
         if self.init_kind != "python":
@@ -347,13 +400,22 @@ class NamespaceSandbox:
         placeholders: Placeholders | None = None
         running: RunningSandbox | None = None
         unix: UnixChildInstaller | None = None
+        spawned: Prepared | None = None
         try:
             if layout is not None:
-                with contextlib.suppress(CgroupError, OSError):
-                    sweep_stale(layout, self.cgroup_parent)
-                name = f"{spec.env_kind}-{os.getpid()}-{os.urandom(4).hex()}"
-                cgroup = Cgroup.create(layout, f"{self.cgroup_parent}/{name}", spec.limits)
-            attach_fds = cgroup.open_attach_fds() if cgroup else []
+                # A warm launcher worker forked this sandbox's child ahead, in its cgroup
+                # (only a process that prepared one has the module: no import otherwise).
+                prefork = sys.modules.get("corral.sandbox.prefork")
+                if prefork is not None:
+                    spawned = prefork.take(layout, self.cgroup_parent, spec.limits)
+                if spawned is not None:
+                    cgroup = spawned.cgroup
+                else:
+                    with contextlib.suppress(CgroupError, OSError):
+                        sweep_stale(layout, self.cgroup_parent)
+                    name = f"{spec.env_kind}-{os.getpid()}-{os.urandom(4).hex()}"
+                    cgroup = Cgroup.create(layout, f"{self.cgroup_parent}/{name}", spec.limits)
+            attach_fds = cgroup.open_attach_fds() if cgroup and spawned is None else []
             fds_to_close += attach_fds
 
             status_r, status_w = os.pipe()
@@ -460,32 +522,12 @@ class NamespaceSandbox:
                     unix_supervisor.notify_filter(), spec.allow_unix
                 )
 
-            def child_setup() -> None:
-                try:
-                    for fd in attach_fds:
-                        os.write(fd, b"0")
-                    if is_root:
-                        mounts.make_private_mount_ns()
-                        for i, (path, writable) in enumerate(binds):
-                            mounts.stage_bind(i, path, writable, userns_fd)
-                        if etc_stage is not None:  # with it the plan binds the staged /dev
-                            stage.stage_dev(host_uid, host_gid)
-                            stage.stage_etc(etc_stage)
-                        for root, rel, writable, _ in self_binds:
-                            stage.self_bind(root, rel, writable)
-                        os.setgroups([])
-                        os.setresgid(host_gid, host_gid, host_gid)
-                        os.setresuid(host_uid, host_uid, host_uid)
-                    # Set after the uid change, which clears it.
-                    set_pdeathsig(signal.SIGKILL)
-                    if os.getppid() != parent:
-                        os._exit(125)
-                    if unix is not None:
-                        unix.install()
-                except BaseException as exc:
-                    with contextlib.suppress(OSError):
-                        os.write(err_w, str(exc).encode()[:4000])
-                    raise
+            def preexec() -> None:
+                child_setup(
+                    attach_fds=attach_fds, is_root=is_root, binds=binds, userns_fd=userns_fd,
+                    host_uid=host_uid, host_gid=host_gid, parent=parent, unix=unix, err_w=err_w,
+                    etc_stage=etc_stage, self_binds=self_binds,
+                )  # fmt: skip
 
             stdio = self._stdio
             if stdio is None:
@@ -503,17 +545,31 @@ class NamespaceSandbox:
                     # no logging, modules already loaded), CPython resets the GIL
                     # in the child, and glibc's malloc is fork-safe; it only makes
                     # raw syscalls through os and ctypes.
-                    proc = subprocess.Popen(
-                        argv,
-                        stdin=stdio[0],
-                        stdout=stdio[1],
-                        stderr=stdio[2],
-                        env=env,
-                        pass_fds=pass_fds,
-                        preexec_fn=child_setup,  # noqa: PLW1509
-                        close_fds=True,
-                        cwd="/",
-                    )
+                    if spawned is not None:
+                        keep = [err_w] + ([userns_fd] if userns_fd >= 0 else [])
+                        unix_half = None
+                        if unix is not None:
+                            unix_half = (unix.program, unix.child_fd)
+                            keep.append(unix.child_fd)
+                        proc: subprocess.Popen[bytes] = spawned.launch(
+                            argv, env=env, stdio=stdio, pass_fds=pass_fds, keep_fds=keep,
+                            setup=(is_root, binds, userns_fd, host_uid, host_gid, parent,
+                                   unix_half, err_w,
+                                   None if etc_stage is None else etc_stage.as_tuple(),
+                                   list(self_binds)),
+                        )  # fmt: skip
+                    else:
+                        proc = subprocess.Popen(
+                            argv,
+                            stdin=stdio[0],
+                            stdout=stdio[1],
+                            stderr=stdio[2],
+                            env=env,
+                            pass_fds=pass_fds,
+                            preexec_fn=preexec,  # noqa: PLW1509
+                            close_fds=True,
+                            cwd="/",
+                        )
                 except (OSError, subprocess.SubprocessError) as exc:
                     os.close(err_w)
                     fds_to_close.remove(err_w)
@@ -578,6 +634,8 @@ class NamespaceSandbox:
                     os.close(fd)
             if unix is not None:
                 unix.close()
+            if spawned is not None:
+                spawned.release_child()
             if cgroup is not None:
                 with contextlib.suppress(CgroupError):
                     cgroup.remove()

@@ -21,6 +21,9 @@ caller's PATH), the cgroup mounts and their writability, the user-namespace
 sysctls, the seccomp cache (its file is re-validated), the Landlock plan
 (it depends on the request's paths).
 
+- the next sandbox's cgroup, and its first process forked into it,
+  parked until the request (`sandbox.prefork`).
+
 A process that never calls `prepare` (the Python CLI, `corral run`) takes
 nothing and computes everything per sandbox, as before.
 
@@ -58,6 +61,14 @@ def prepare() -> None:
     Any failure leaves nothing prepared: the request then does the same work
     itself and reports the error there, where it belongs.
     """
+    _prepare_uid()
+    from corral.sandbox import prefork
+
+    # After the userns helper's fork: the parked child holds none of this.
+    prefork.prepare()
+
+
+def _prepare_uid() -> None:
     if _slot or os.geteuid() != 0:
         return
     from corral.sandbox.gvisor import preboot
@@ -95,9 +106,11 @@ def take_userns(r: UidRange) -> tuple[UidLease, int] | None:
 
 def discard() -> None:
     """Give back what was prepared and never used (no sandbox ran with it: clean)."""
+    from corral.sandbox import prefork
     from corral.sandbox.gvisor import preboot
 
     preboot.discard()
+    prefork.discard()
     while _slot:
         _release(_slot.pop())
 

@@ -46,6 +46,7 @@ __all__ = [
     "DEV_STAGE",
     "ETC_STAGE",
     "EtcStage",
+    "EtcTuple",
     "SelfBind",
     "describe",
     "plan_etc",
@@ -71,6 +72,13 @@ _DEV_LINKS = (
 _PAGE = 4096
 
 
+#: `EtcStage` as plain tuples, for a `marshal`led request (`prefork`).
+EtcTuple = tuple[
+    tuple[str, ...], tuple[tuple[str, str], ...], tuple[tuple[str, bytes], ...],
+    tuple[tuple[str, bool], ...],
+]  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class EtcStage:
     """What the sandbox's /etc holds (names relative to /etc)."""
@@ -87,6 +95,19 @@ class EtcStage:
     #: lands outside every entry; made here, since bwrap cannot create a
     #: mountpoint in the read-only staged /etc.
     mountpoints: tuple[tuple[str, bool], ...] = ()
+
+    def as_tuple(self) -> EtcTuple:
+        return (self.entries, self.links, self.files, self.mountpoints)
+
+    @classmethod
+    def from_tuple(cls, t: EtcTuple) -> EtcStage:
+        entries, links, files, mountpoints = t
+        return cls(
+            tuple(entries),
+            tuple((a, b) for a, b in links),
+            tuple((a, b) for a, b in files),
+            tuple((a, b) for a, b in mountpoints),
+        )
 
     def size_option(self) -> bytes:
         """The tmpfs size: each file rounded to pages, plus slack for the inodes."""

@@ -231,11 +231,30 @@ class ChildInstaller:
     """
 
     def __init__(self, program: bytes, allow_unix: tuple[str, ...] = ()) -> None:
+        self.program = program
         self._grants, self._pins = grants_for(allow_unix)
         self._buf = ctypes.create_string_buffer(program, len(program))
         self._prog = _SockFprog(len(program) // 8, ctypes.addressof(self._buf))
         self._nr = _ARCH[os.uname().machine][1]
         self.parent, self._child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+
+    @property
+    def child_fd(self) -> int:
+        """The child's end of the socketpair (a prepared child receives it: `prefork`)."""
+        return self._child.fileno()
+
+    @classmethod
+    def child_half(cls, program: bytes, child_fd: int) -> ChildInstaller:
+        """In a child forked before its request (`prefork`): just what `install` uses."""
+        self = cls.__new__(cls)
+        self.program = program
+        self._grants, self._pins = (), ()
+        self._buf = ctypes.create_string_buffer(program, len(program))
+        self._prog = _SockFprog(len(program) // 8, ctypes.addressof(self._buf))
+        self._nr = _ARCH[os.uname().machine][1]
+        self._child = socket.socket(fileno=child_fd)
+        self.parent = self._child
+        return self
 
     def install(self) -> None:
         """In the child: no_new_privs, the filter, and SCM_RIGHTS of its listener."""

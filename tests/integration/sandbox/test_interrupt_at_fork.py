@@ -48,6 +48,12 @@ DRIVER = textwrap.dedent(
         found = re.search(rb"\\bcvm[0-9a-f]{10}\\b", open(f"/proc/{kid}/cmdline", "rb").read())
         return found.group().decode() if found else None
 
+    if entry == "exec-prepared":
+        # As a warm launcher worker: the sandbox's child forked and parked ahead.
+        from corral.sandbox import prewarm
+        prewarm.prepare()
+        entry = "exec"
+
     def sandbox_child():
         # The pid of a child still this Python, 'execd' (the backend's program) or None.
         try:
@@ -56,6 +62,13 @@ DRIVER = textwrap.dedent(
             return None
         for kid in kids:
             try:
+                if trigger == "spawning":
+                    # A prepared child that got its request and is setting up.
+                    name = open(f"/proc/{kid}/comm").read().strip()
+                    if name == "corral-spawning":
+                        return int(kid)
+                    if name != "bwrap":
+                        continue
                 if trigger == "started":
                     if probe_marker(kid):
                         return int(kid)
@@ -160,19 +173,26 @@ def _sandbox_cgroups(owners: set[str]) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+PREPARED = [
+    pytest.param(("spawning", "namespace"), marks=[pytest.mark.requires_sandbox], id="prepared")
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS + PREPARED)
 def test_sigterm_between_fork_and_exec_leaves_nothing(
     backend: tuple[str, ...], workspace: Path, marker: str
 ) -> None:
     owners: set[str] = set()
     hit = False
+    # "prepared": the child was forked ahead (sandbox.prefork), caught setting up its request.
+    entry = "exec-prepared" if backend[0] == "spawning" else "exec"
     for _ in range(10):
         proc = subprocess.run(
             [
                 sys.executable,
                 "-c",
                 DRIVER,
-                "exec",
+                entry,
                 backend[0],
                 "--backend",
                 *backend[1:],

@@ -18,13 +18,14 @@ from pathlib import Path
 import pytest
 
 from corral.exec import launcher
-from corral.sandbox import uids
+from corral.sandbox import prefork, uids
 
 from .conftest import processes_with, wait_for
 from .test_launcher import (
     Launcher,
     alive,
     children_of,
+    comm,
     frontend,
     launcher_proc,
     listener_pid,
@@ -141,6 +142,17 @@ def test_the_warm_worker_holds_no_way_to_the_launcher(launcher_proc: Launcher, w
         if link.startswith("user:[") or link.startswith(f"{uids.LOCK_DIR}/")
     ]
     assert len(prepared) == (2 if os.geteuid() == 0 else 0), held
+    # And, as root, its end of the socketpair to its parked sandbox child (sandbox.prefork),
+    # whose other end only that child holds.
+    spawned = [p for p in children_of(warm) if comm(p) == prefork.SPAWN_COMM]
+    assert len(spawned) == (1 if os.geteuid() == 0 else 0), children_of(warm)
+    for child in spawned:
+        theirs = _held_above_stdio(child)
+        assert len(theirs) == 1 and theirs[0].startswith("socket:["), theirs
+        peer = _unix_peer(int(theirs[0][len("socket:[") : -1]))
+        mine = f"socket:[{peer}]"
+        assert mine in held.values(), (peer, held)
+        prepared.append(mine)
     rest = [link for link in held.values() if link not in prepared]
     assert len(rest) == 1, held
     (link,) = rest
@@ -154,6 +166,22 @@ def test_the_warm_worker_holds_no_way_to_the_launcher(launcher_proc: Launcher, w
     }
     listening = launchers & accepting
     assert listening and inode not in listening
+
+
+def _held_above_stdio(pid: int) -> list[str]:
+    return [
+        os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd") if int(fd) > 2
+    ]
+
+
+def _unix_peer(inode: int) -> int:
+    """The inode of the other end of a connected unix socket (`ss -x`)."""
+    out = subprocess.run(["ss", "-x", "-a", "-n"], capture_output=True, text=True, check=True)
+    for line in out.stdout.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 8 and fields[5] == str(inode):
+            return int(fields[7])
+    raise AssertionError(f"socket {inode} not listed by ss")
 
 
 @pytest.mark.requires_root

@@ -32,6 +32,7 @@ from corral.verify.probes import check_reasons as check_reasons_mod
 from corral.verify.probes import footprint_pages as footprint_pages_mod
 from corral.verify.probes import kernel_denials as kernel_denials_mod
 from corral.verify.probes import launcher as launcher_mod
+from corral.verify.probes import prefork as prefork_mod
 from corral.verify.probes import resident_broker as resident_broker_mod
 from corral.verify.probes import viewer_devtools as viewer_devtools_mod
 from corral.verify.probes._prelude import PRELUDE
@@ -71,6 +72,7 @@ def all_probes() -> list[Probe]:
         *resident_broker_mod.PROBES,
         *viewer_devtools_mod.PROBES,
         *launcher_mod.PROBES,
+        *prefork_mod.PROBES,
     ]
     seen: set[str] = set()
     for p in probes:

@@ -1,0 +1,221 @@
+"""The warm worker's parked sandbox child (`sandbox.prefork`): attacks on what it could weaken.
+
+As root, a warm worker creates the next sandbox's cgroup and forks a child
+into it ahead of the request. These tests kill -9 that child and its worker
+while it is parked, edit the source under it, and check that the request's
+limits and nothing else reach the sandbox it becomes; every assertion is on
+the host (processes, cgroup directories and files, descriptors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from corral.exec import launcher
+from corral.sandbox import prefork
+
+from .conftest import corral_argv, processes_with, wait_for
+from .test_kill9_points import _cgroups_of, _procs_in
+from .test_launcher import Launcher, alive, children_of, comm, frontend, launcher_proc
+
+pytestmark = [pytest.mark.requires_sandbox, pytest.mark.requires_root]
+
+__all__ = ["frontend", "launcher_proc"]
+
+
+@pytest.fixture
+def parked(launcher_proc: Launcher) -> Iterator[tuple[int, int]]:
+    """(warm worker, its parked child) once the child is in its cgroup."""
+
+    def ready() -> bool:
+        warm = launcher_proc.warm()
+        return len(warm) == 1 and len(_spawned(warm[0])) == 1
+
+    assert wait_for(ready, 30), children_of(launcher_proc.pid)
+    (warm,) = launcher_proc.warm()
+    (child,) = _spawned(warm)
+    yield warm, child
+
+
+def _spawned(warm: int) -> list[int]:
+    return [p for p in children_of(warm) if comm(p) == prefork.SPAWN_COMM]
+
+
+def _in_cgroups(pid: int) -> set[str]:
+    """The last component of every cgroup path `pid` is in (host side, /proc/PID/cgroup)."""
+    names = set()
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        names.add(line.rsplit("/", 1)[-1])
+    return names
+
+
+def _run(
+    frontend: Path, launcher_proc: Launcher, cwd: Path, *args: str, require: bool = True
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [str(frontend), "exec", *args],
+        cwd=cwd, env=launcher_proc.env(require=require), capture_output=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+
+
+def test_the_parked_child_is_in_its_cgroup_before_the_request(
+    parked: tuple[int, int],
+) -> None:
+    """Attached ahead (the first-attach wait is paid there), in a cgroup named for its worker."""
+    warm, child = parked
+    dirs = _cgroups_of(warm)
+    assert dirs, "no cgroup prepared"
+    assert all(str(child) in Path(d, "cgroup.procs").read_text().split() for d in dirs), dirs
+    assert {os.path.basename(d) for d in dirs} <= _in_cgroups(child)
+
+
+def test_kill9_of_the_warm_worker_takes_its_parked_child_and_cgroup(
+    parked: tuple[int, int], workspace: Path
+) -> None:
+    """The child goes (EOF on its socketpair, PDEATHSIG); its cgroup, named for the dead
+    worker, is swept by the next exec."""
+    warm, child = parked
+    dirs = _cgroups_of(warm)
+    assert dirs
+    os.kill(warm, signal.SIGKILL)
+    assert wait_for(lambda: not alive(child), 10), f"parked child {child} outlived its worker"
+    assert wait_for(lambda: _procs_in(dirs) == 0, 10), dirs
+    subprocess.run(corral_argv("--workspace", str(workspace), "--", "true"), check=True)
+    assert [d for d in dirs if os.path.isdir(d)] == []
+
+
+def test_kill9_of_the_parked_child_leaves_nothing_and_the_request_is_served(
+    parked: tuple[int, int], frontend: Path, launcher_proc: Launcher, workspace: Path
+) -> None:
+    """A dead parked child is discarded (its cgroup removed) and the normal path serves."""
+    warm, child = parked
+    dirs = _cgroups_of(warm)
+    os.kill(child, signal.SIGKILL)
+    assert wait_for(lambda: comm(child) in ("", "corral-spawn") and _procs_in(dirs) == 0, 10)
+    proc = _run(frontend, launcher_proc, workspace, "--", "sh", "-c", "echo served")
+    assert (proc.returncode, proc.stdout) == (0, b"served\n"), proc.stderr
+    # Removed by the worker that served (a sweep skips its own pid's cgroups).
+    assert [d for d in dirs if os.path.isdir(d)] == []
+    assert not alive(child)
+
+
+def test_the_requests_limits_are_in_the_prepared_cgroup(
+    parked: tuple[int, int], frontend: Path, launcher_proc: Launcher, workspace: Path, marker: str
+) -> None:
+    """The cgroup was made with no limits; the request's are written before bwrap runs."""
+    warm, child = parked
+    (pids_dir,) = [d for d in _cgroups_of(warm) if "/pids/" in d]
+    assert Path(pids_dir, "pids.max").read_text().strip() == "max"
+    proc = subprocess.Popen(
+        [str(frontend), "exec", "--pids", "37", "--", "sh", "-c", "echo started; sleep 60", marker],
+        cwd=workspace, env=launcher_proc.env(), stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"started\n"
+        # The prepared child became this sandbox's bwrap, in the prepared cgroup.
+        assert comm(child) == "bwrap"
+        assert Path(pids_dir, "pids.max").read_text().strip() == "37"
+        sandboxed = [p for p in processes_with(marker) if p != proc.pid]
+        assert sandboxed
+        assert all(os.path.basename(pids_dir) in _in_cgroups(p) for p in sandboxed)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
+def test_the_sandbox_holds_nothing_of_the_workers_socketpair(
+    parked: tuple[int, int], frontend: Path, launcher_proc: Launcher, workspace: Path, marker: str
+) -> None:
+    """The control socket is close-on-exec: bwrap (the former parked child) has no socket."""
+    _warm, child = parked
+    before = {os.readlink(f"/proc/{child}/fd/{fd}") for fd in os.listdir(f"/proc/{child}/fd")}
+    socks = {link for link in before if link.startswith("socket:[")}
+    assert len(socks) == 1, before
+    proc = subprocess.Popen(
+        [str(frontend), "exec", "--", "sh", "-c", "echo started; sleep 60", marker],
+        cwd=workspace, env=launcher_proc.env(), stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"started\n"
+        assert comm(child) == "bwrap"
+        pids = [child, *(p for p in processes_with(marker) if p != proc.pid)]
+        for pid in pids:
+            held = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+            assert not held & socks, (pid, held)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
+def test_an_edit_retires_the_parked_child_with_its_launcher(
+    parked: tuple[int, int], frontend: Path, launcher_proc: Launcher, workspace: Path
+) -> None:
+    """Stale code never serves: the launcher exits on the edit, the parked child and cgroup go."""
+    warm, child = parked
+    dirs = _cgroups_of(warm)
+    victim = Path(launcher.source_root()) / "corral" / "exec" / "__init__.py"
+    st = victim.stat()
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    proc = _run(frontend, launcher_proc, workspace, "--", "sh", "-c", "echo fresh", require=False)
+    assert (proc.returncode, proc.stdout) == (0, b"fresh\n"), proc.stderr
+    launcher_proc.proc.wait(30)
+    assert wait_for(lambda: not alive(child), 30), "a stale parked child outlived its launcher"
+    assert wait_for(lambda: [d for d in dirs if os.path.isdir(d)] == [], 30), dirs
+
+
+_HOLDER = """
+import sys, time
+from corral.sandbox import prefork
+prefork.prepare(sys.argv[1])
+(p,) = prefork._slot
+print(p.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_kill9_of_any_worker_kills_its_parked_child_before_any_sweep(workspace: Path) -> None:
+    """Under a cgroup parent of its own, which no other corral sweeps: the child goes by itself.
+
+    (Under `corral/`, any corral on the host that starts meanwhile sweeps the dead worker's
+    cgroup and kills the child too; here only the child's own EOF and PDEATHSIG can.)
+    """
+    from corral.sandbox.cgroup import detect_layout, sweep_stale
+
+    layout = detect_layout()
+    assert layout is not None
+    parent = f"corral-t-{os.urandom(4).hex()}"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, parent],
+        stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None
+        child = int(holder.stdout.readline())
+        assert comm(child) == prefork.SPAWN_COMM
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+        assert wait_for(lambda: not alive(child), 10), f"parked child {child} outlived its worker"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(holder.pid, signal.SIGKILL)
+        # Not communicate(): a surviving child holds the pipe's write end.
+        if holder.stdout is not None:
+            holder.stdout.close()
+        holder.wait()
+        sweep_stale(layout, parent)
+        for root in [m for _, m in layout.v1] + ([layout.unified] if layout.unified else []):
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(os.path.join(root, parent))
