@@ -23,6 +23,8 @@
  *    namespace (and every leftover process) stays in place while the host
  *    counts the leftovers in the cgroup; then exits with CMD's status, which
  *    bwrap's monitor, outside the sandbox, reports to the host.
+ * 5. when the host's end of --hold closes, every process the init can signal
+ *    is killed (before the command's end too: corral is gone, see end_all).
  * The report is advisory: the host takes the exit status from bwrap and the
  * leftovers from the cgroup (see namespace.py, "Where the exit report's
  * values come from").
@@ -39,6 +41,7 @@
 #include <string.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -235,6 +238,19 @@ static void forward(int sig) {
     if (child > 0) kill(child, sig);
 }
 
+static void on_chld(int sig) { (void)sig; }
+
+/* The host keeps its end of --hold open until it has counted the leftovers;
+ * its EOF before the command ends means corral died. bwrap's pid 1 arms
+ * --die-with-parent only after its own setup, so a corral (and with it bwrap's
+ * monitor) killed in that window leaves the namespace to nobody, and bwrap's
+ * pid 1 reaps for as long as one process lives: a setsid'd daemon would run
+ * on unsupervised. kill(-1) reaches every process of the namespace but bwrap's
+ * pid 1 (immune inside its namespace) and this one; pid 1 then exits with its
+ * last child. After the normal release the host has counted them and ends
+ * the cgroup anyway: this only stops depending on it. */
+static void end_all(void) { kill(-1, SIGKILL); }
+
 static int parse_u64(const char *s, uint64_t *out) {
     char *end;
     errno = 0;
@@ -300,6 +316,12 @@ int main(int argc, char **argv) {
     if (which(cmd[0], path, sizeof path) != 0)
         return refuse(NULL, EXIT_NOT_FOUND, "%s: command not found in the sandbox", cmd[0]);
 
+    /* The host may be gone (see end_all): a report to it must not kill the init. */
+    struct sigaction pipe_was;
+    struct sigaction ign;
+    memset(&ign, 0, sizeof ign);
+    ign.sa_handler = SIG_IGN;
+    sigaction(SIGPIPE, &ign, &pipe_was);
     sigset_t fwd, old;
     sigemptyset(&fwd);
     sigaddset(&fwd, SIGTERM);
@@ -311,6 +333,7 @@ int main(int argc, char **argv) {
     if (pid < 0) return refuse(NULL, EXIT_REFUSED, "fork: %s", strerror(errno));
     if (pid == 0) {
         if (have_ll && nest_landlock(ll) != 0) _exit(EXIT_REFUSED);
+        sigaction(SIGPIPE, &pipe_was, NULL);
         sigprocmask(SIG_SETMASK, &old, NULL);
         execv(path, cmd);
         int err = errno;
@@ -325,10 +348,28 @@ int main(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGHUP, &sa, NULL);
-    sigprocmask(SIG_SETMASK, &old, NULL);
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0) {
-        if (errno != EINTR) { status = 0; break; }
+    struct sigaction sc;
+    memset(&sc, 0, sizeof sc);
+    sc.sa_handler = on_chld; /* a handler, not SIG_DFL: it must interrupt ppoll */
+    sc.sa_flags = SA_NOCLDSTOP;
+    sigaction(SIGCHLD, &sc, NULL);
+    /* SIGCHLD stays blocked but inside ppoll/sigsuspend, so an exit between
+     * the WNOHANG check and the wait is not missed. */
+    sigset_t running = old, waiting = old;
+    sigaddset(&running, SIGCHLD);
+    sigdelset(&waiting, SIGCHLD);
+    sigprocmask(SIG_SETMASK, &running, NULL);
+    int status = 0, watch = hold_fd >= 0;
+    for (;;) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid) break;
+        if (r < 0 && errno != EINTR) { status = 0; break; }
+        if (!watch) { sigsuspend(&waiting); continue; }
+        struct pollfd p = { .fd = hold_fd, .events = POLLIN, .revents = 0 };
+        if (ppoll(&p, 1, NULL, &waiting) > 0) {
+            watch = 0;
+            end_all();
+        }
     }
     child = 0; /* reaped: its pid may be reused by a leftover */
     int code, sig = 0;
@@ -343,6 +384,7 @@ int main(int argc, char **argv) {
         char b;
         /* Any byte or EOF releases; an error (EBADF) must not hang the init. */
         while (read(hold_fd, &b, 1) < 0 && errno == EINTR) {}
+        end_all();
     }
     return code;
 }

@@ -19,8 +19,9 @@ contract:
    on the status fd, waits (with --hold) until the host closes FD, so that
    the leftovers are still in place while the host counts them, then exits
    with the command's status; bwrap's monitor reports that status to the
-   host from outside the sandbox. Its own exit ends the namespace: the kernel
-   SIGKILLs everything left, and the host kills the cgroup to be sure.
+   host from outside the sandbox;
+5. when the host's end of --hold closes, kills every process it can signal,
+   before the command's end too (corral is gone: init.c's end_all says why).
 """
 
 import os
@@ -56,6 +57,13 @@ def _report(fd: int, event: dict[str, object]) -> None:
     data = ("{" + body + "}\n").encode()
     try:
         os.write(fd, data)
+    except OSError:
+        pass
+
+
+def _end_all() -> None:
+    try:
+        os.kill(-1, signal.SIGKILL)
     except OSError:
         pass
 
@@ -168,16 +176,31 @@ def main(argv: list[str]) -> int:
 
     for s in fwd:
         signal.signal(s, forward)
+    # SIGCHLD and the host's EOF on --hold both wake the wait (init.c's end_all).
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda _s, _f: None)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, fwd)
+    watch = hold_fd >= 0
     while True:
         try:
-            _, status = os.waitpid(pid, 0)
-            break
+            done, status = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             status = 0
             break
-        except InterruptedError:
-            continue
+        if done == pid:
+            break
+        import select
+
+        ready, _, _ = select.select([wake_r, hold_fd] if watch else [wake_r], [], [])
+        if wake_r in ready:
+            try:
+                os.read(wake_r, 512)
+            except BlockingIOError:
+                pass
+        if watch and hold_fd in ready:
+            watch = False
+            _end_all()
     reaped = True
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
@@ -195,6 +218,7 @@ def main(argv: list[str]) -> int:
                 continue
             except OSError:
                 break
+        _end_all()
     return code
 
 
