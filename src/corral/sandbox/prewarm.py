@@ -40,7 +40,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from corral.sandbox.uids import UidLease, UidRange
 
-__all__ = ["discard", "prepare", "take_userns"]
+__all__ = ["discard", "launcher_pid", "prepare", "take_userns"]
 
 
 class _Prepared:
@@ -53,6 +53,13 @@ class _Prepared:
 
 
 _slot: list[_Prepared] = []
+#: The launcher whose warm worker this process is (set by `prepare`).
+_launcher: list[int] = []
+
+
+def launcher_pid() -> int | None:
+    """The pid of the launcher this process is a warm worker of; None in any other process."""
+    return _launcher[0] if _launcher else None
 
 
 def prepare() -> None:
@@ -61,6 +68,7 @@ def prepare() -> None:
     Any failure leaves nothing prepared: the request then does the same work
     itself and reports the error there, where it belongs.
     """
+    _launcher[:] = [os.getppid()]
     _prepare_uid()
     from corral.sandbox import prefork
 

@@ -130,15 +130,39 @@ def boot_key(spec: SandboxSpec, config: GVisorConfig, parent_cgroup: str) -> Boo
     )
 
 
-def _hint_path() -> str:
+def _hint_path() -> str | None:
+    # Per launcher: only its own next warm worker may boot for what it served.
+    # A host-wide hint made every launcher's warm workers (and anything else
+    # calling prewarm.prepare) boot gVisor sandboxes for one user's request.
+    from corral.sandbox import prewarm
     from corral.sandbox.gvisor.backend import STATE_ROOT
 
-    return os.path.join(STATE_ROOT, "preboot.json")
+    launcher = prewarm.launcher_pid()
+    return None if launcher is None else os.path.join(STATE_ROOT, f"preboot-{launcher}.json")
+
+
+def _sweep_hints(keep: str) -> None:
+    """Remove the hints of launchers that are gone (their pid no longer runs)."""
+    from corral.sandbox.gvisor.backend import STATE_ROOT
+
+    with contextlib.suppress(OSError):
+        for name in os.listdir(STATE_ROOT):
+            pid = name[len("preboot-") : -len(".json")]
+            if not (name.startswith("preboot-") and name.endswith(".json") and pid.isdigit()):
+                continue
+            path = os.path.join(STATE_ROOT, name)
+            if path != keep and not os.path.exists(f"/proc/{pid}"):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
 
 
 def remember(key: BootKey) -> None:
-    """Record `key` for the next warm worker (best effort; in corral's root-only state dir)."""
+    """Record `key` for this launcher's next warm worker (best effort; in corral's
+    root-only state dir). Outside a warm worker there is no launcher to use it."""
     path = _hint_path()
+    if path is None:
+        return
+    _sweep_hints(path)
     tmp = f"{path}.{os.getpid()}"
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
@@ -152,13 +176,18 @@ def remember(key: BootKey) -> None:
 
 
 def _forget() -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(_hint_path())
+    path = _hint_path()
+    if path is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _recalled() -> BootKey | None:
+    path = _hint_path()
+    if path is None:
+        return None
     try:
-        with open(_hint_path(), "rb") as fh:
+        with open(path, "rb") as fh:
             doc = json.loads(fh.read(4096))
         return BootKey(**doc)
     except (OSError, ValueError, TypeError):
