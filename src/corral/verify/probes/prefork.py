@@ -70,10 +70,21 @@ _CODE = f"H = {_HOST!r}\n" + code("""
                 print("send", errname(e.errno))
                 os.close(fd)
 
+    def hit():
+        for _ in range(40):
+            if os.path.exists(pwn):
+                return True
+            time.sleep(0.05)
+        return False
+
     found = parked()
+    for child in found:
+        hijack(child)
+    tried = set(found)
     own = None
-    if not found and os.access(H["python"], os.X_OK) and os.path.isdir(H["src"]):
-        # None to see: start a launcher as the front end's fallback would (the bare host).
+    # None seen, or none that served (another launcher's, of another shape or mount
+    # namespace): start a launcher as the front end's fallback would (the bare host).
+    if not (found and hit()) and os.access(H["python"], os.X_OK) and os.path.isdir(H["src"]):
         d = "/tmp/corral-%d/launcher" % os.getuid()
         sock = d + "/probe-" + MARKER + ".sock"
         try:
@@ -83,19 +94,17 @@ _CODE = f"H = {_HOST!r}\n" + code("""
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                    start_new_session=True, cwd="/")
             for _ in range(400):
-                found = parked()
+                found = [c for c in parked() if c not in tried]
                 if found:
                     break
                 time.sleep(0.05)
         except OSError as e:
             print("start launcher:", errname(e.errno))
-    print("parked children seen:", len(found))
-    for child in found:
-        hijack(child)
-    for _ in range(40):
-        if os.path.exists(pwn):
-            break
-        time.sleep(0.05)
+        for child in found:
+            hijack(child)
+        tried.update(found)
+        hit()
+    print("parked children seen:", len(tried))
     if own is not None:
         own.terminate()
         own.wait()
