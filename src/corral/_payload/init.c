@@ -366,9 +366,13 @@ int main(int argc, char **argv) {
         if (r < 0 && errno != EINTR) { status = 0; break; }
         if (!watch) { sigsuspend(&waiting); continue; }
         struct pollfd p = { .fd = hold_fd, .events = POLLIN, .revents = 0 };
-        if (ppoll(&p, 1, NULL, &waiting) > 0) {
+        int n = ppoll(&p, 1, NULL, &waiting);
+        if (n > 0) {
             watch = 0;
             end_all();
+        } else if (n < 0 && errno != EINTR) {
+            /* Cannot watch (ENOMEM): wait as before rather than spin on the error. */
+            watch = 0;
         }
     }
     child = 0; /* reaped: its pid may be reused by a leftover */

@@ -181,6 +181,8 @@ def main(argv: list[str]) -> int:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda _s, _f: None)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, fwd)
+    import select
+
     watch = hold_fd >= 0
     while True:
         try:
@@ -190,9 +192,12 @@ def main(argv: list[str]) -> int:
             break
         if done == pid:
             break
-        import select
-
-        ready, _, _ = select.select([wake_r, hold_fd] if watch else [wake_r], [], [])
+        try:
+            ready, _, _ = select.select([wake_r, hold_fd] if watch else [wake_r], [], [])
+        except OSError:
+            # Cannot watch --hold: wait as before rather than die or spin.
+            watch = False
+            continue
         if wake_r in ready:
             try:
                 os.read(wake_r, 512)

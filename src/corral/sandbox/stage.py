@@ -101,13 +101,8 @@ class EtcStage:
 
     @classmethod
     def from_tuple(cls, t: EtcTuple) -> EtcStage:
-        entries, links, files, mountpoints = t
-        return cls(
-            tuple(entries),
-            tuple((a, b) for a, b in links),
-            tuple((a, b) for a, b in files),
-            tuple((a, b) for a, b in mountpoints),
-        )
+        # marshal gives tuples back as tuples: the fields need no conversion.
+        return cls(*t)
 
     def size_option(self) -> bytes:
         """The tmpfs size: each file rounded to pages, plus slack for the inodes."""
