@@ -16,6 +16,9 @@ prints CORRAL-START first (the host's proof that the probe started) and defines:
 - host_sockets(globs, needles): where corral's host sockets would be if the
   sandbox could reach them (`globs` under the runtime bases a host process uses,
   plus /proc/net/unix paths containing one of `needles`);
+- own_launcher(h) / stop_launcher(own, sock): a corral launcher started as the
+  front end's fallback would (`h`: the probe's interpreter, source root and
+  boot code), for probes that attack one on the bare host;
 - SLOW: the backend's time scale (`Backend.time_scale`): a probe that races a
   wall-clock limit scales its waits by it, as the limit itself is scaled.
 """
@@ -32,6 +35,32 @@ sys.stdout.flush()
 CANARY = "CORRALCANARY"
 PY = sys.executable or "/usr/bin/python3"
 SLOW = float(P.get("slow", 1))
+
+
+def own_launcher(h):
+    """(process, socket path) of a launcher this probe starts; (None, path) when it cannot."""
+    import subprocess
+    d = "/tmp/corral-%d/launcher" % os.getuid()
+    sock = d + "/probe-" + MARKER + ".sock"
+    try:
+        os.makedirs(d, 0o700, exist_ok=True)
+        return subprocess.Popen([h["python"], "-I", "-c", h["boot"], h["src"], "--socket",
+                                 sock, "--idle-s", "10"], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True, cwd="/"), sock
+    except OSError as e:
+        print("start launcher:", errname(e.errno))
+        return None, sock
+
+
+def stop_launcher(own, sock):
+    if own is not None:
+        own.terminate()
+        own.wait()
+    try:
+        os.unlink(sock + ".lock")
+    except OSError:
+        pass
 
 
 def result(ok, **kw):

