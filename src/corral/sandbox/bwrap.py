@@ -122,6 +122,9 @@ class BwrapPlan:
     #: A /dev staged before bwrap (`sandbox.stage.stage_dev`): bound with
     #: devices allowed in place of `--dev`.
     dev_stage: str | None = None
+    #: False when the process exec'ing bwrap is already in the sandbox's own
+    #: network namespace (`mounts.make_net_ns`): bwrap then keeps it.
+    unshare_net: bool = True
 
 
 def _depth_key(bind: StagedBind) -> tuple[int, str]:
@@ -134,7 +137,7 @@ def build_argv(plan: BwrapPlan) -> list[str]:
         plan.bwrap,
         "--unshare-user",
         "--unshare-pid",
-        "--unshare-net",
+        *(("--unshare-net",) if plan.unshare_net else ()),
         "--unshare-ipc",
         "--unshare-uts",
         "--unshare-cgroup-try",

@@ -17,7 +17,9 @@ whose return value is checked before errno is read.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
+import socket
 import stat
 import struct
 import time
@@ -30,6 +32,7 @@ __all__ = [
     "STAGE_DIR",
     "attach",
     "clone_tree",
+    "make_net_ns",
     "make_private_mount_ns",
     "make_userns_fd",
     "mount_devpts",
@@ -69,6 +72,10 @@ _MOUNT_ATTR_NODEV = 0x4
 _MOUNT_ATTR_IDMAP = 0x00100000
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWUSER = 0x10000000
+_CLONE_NEWNET = 0x40000000
+_SIOCGIFFLAGS = 0x8913
+_SIOCSIFFLAGS = 0x8914
+_IFF_UP = 0x1
 _MS_REC = 0x4000
 _MS_NOSUID = 0x2
 _MS_NODEV = 0x4
@@ -159,6 +166,27 @@ def make_private_mount_ns() -> None:
         _libc.mount(b"corral-stage", STAGE_DIR.encode(), b"tmpfs", 0, b"mode=0755,size=64k"),
         f"mount tmpfs on {STAGE_DIR}",
     )
+
+
+def make_net_ns() -> None:
+    """Enter a new network namespace whose only device, `lo`, is up (the root child, before bwrap).
+
+    Made here, by root in the host's user namespace, rather than by bwrap's
+    `--unshare-net`: the namespace is owned by the host's user namespace, so
+    nothing in the sandbox holds CAP_NET_ADMIN over it, and its loopback is
+    up before bwrap starts, so the host can make sockets in it (the
+    no-egress resolver, the broker's listeners) at once instead of waiting
+    for bwrap's child to report its pid and configure `lo`. Bringing `lo` up
+    makes the kernel add 127.0.0.1/8 and ::1 itself.
+    """
+    _check(_libc.unshare(_CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            ifr = fcntl.ioctl(sock.fileno(), _SIOCGIFFLAGS, struct.pack("16s24x", b"lo"))
+            flags = struct.unpack_from("16sH", ifr)[1] | _IFF_UP
+            fcntl.ioctl(sock.fileno(), _SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags))
+    except OSError as exc:
+        raise SandboxStartError(exc.errno or 0, f"bring up lo: {exc.strerror or exc}") from exc
 
 
 def bind_readonly(source: str, target: str) -> None:

@@ -184,10 +184,12 @@ def child_setup(
     err_w: int,
     etc_stage: stage.EtcStage | None,
     self_binds: Sequence[stage.SelfBind],
+    make_net: bool = True,
 ) -> None:
     """The sandbox child between fork and exec of bwrap (Popen's preexec_fn, or `prefork`'s child).
 
-    Joins the cgroup (when `attach_fds`), stages the idmapped binds, /dev,
+    Joins the cgroup (when `attach_fds`), enters the sandbox's network
+    namespace (`mounts.make_net_ns`), stages the idmapped binds, /dev,
     /etc and the guards' self-binds in a private mount namespace and drops to
     the sandbox's host uid (root), arms PDEATHSIG, installs the connect()
     notification filter. A failure's reason goes to `err_w`.
@@ -197,6 +199,8 @@ def child_setup(
             os.write(fd, b"0")
         if is_root:
             mounts.make_private_mount_ns()
+            if make_net:  # else a parked child (`prefork`) made it before the request
+                mounts.make_net_ns()
             for i, (path, writable) in enumerate(binds):
                 mounts.stage_bind(i, path, writable, userns_fd)
             if etc_stage is not None:  # with it the plan binds the staged /dev
@@ -466,10 +470,14 @@ class NamespaceSandbox:
 
             info_fd = block_w = block_r = info_r = None
             if self._network_hook is not None:
-                info_r, info_fd = os.pipe()
                 block_r, block_w = os.pipe()
-                fds_to_close += [info_fd, block_r]
-                pass_fds += [info_fd, block_r]
+                fds_to_close.append(block_r)
+                pass_fds.append(block_r)
+                if not self.is_root:
+                    # bwrap makes the network namespace: its child's pid names it.
+                    info_r, info_fd = os.pipe()
+                    fds_to_close.append(info_fd)
+                    pass_fds.append(info_fd)
 
             binds = _binds(spec)
             staged = _staged(binds, root=self.is_root)
@@ -489,6 +497,7 @@ class NamespaceSandbox:
                 if ready is None:
                     userns_fd = mounts.make_userns_fd(os.getuid(), os.getgid(), host_uid, host_gid)
                 fds_to_close.append(userns_fd)
+            is_root = self.is_root
             protect_binds: tuple[bw.StagedBind, ...] = ()
             if spec.protect:
                 from corral.sandbox.protect import start_protection
@@ -511,10 +520,10 @@ class NamespaceSandbox:
                 json_status_fd=bwrap_status_w,
                 protect_binds=protect_binds,
                 etc_stage=etc_stage,
+                own_net=is_root,
             )
             argv = bw.build_argv(plan)
             parent = os.getpid()
-            is_root = self.is_root
             if layers.active.get("unix") is True:
                 from corral.sandbox import unix_supervisor
 
@@ -608,17 +617,21 @@ class NamespaceSandbox:
                 host_fds = []
                 placeholders = None
             if self._network_hook is not None:
-                assert info_r is not None and block_w is not None
+                assert block_w is not None
                 try:
-                    child_pid = _read_child_pid(info_r)
-                    self._network_hook(child_pid)
+                    # As root the child made the namespace before exec'ing bwrap, whose
+                    # monitor stays in it: no wait for bwrap's child, which sets up its
+                    # mounts meanwhile and then waits on the block descriptor.
+                    net_pid = proc.pid if info_r is None else _read_child_pid(info_r)
+                    self._network_hook(net_pid)
                     os.write(block_w, b"1")
                 except BaseException:
                     running.kill_all()
                     running.close()
                     raise
                 finally:
-                    os.close(info_r)
+                    if info_r is not None:
+                        os.close(info_r)
                     os.close(block_w)
             return running
         except BaseException:
@@ -1304,11 +1317,14 @@ def bwrap_plan(
     block_fd: int | None = None,
     protect_binds: tuple[bw.StagedBind, ...] = (),
     etc_stage: stage.EtcStage | None = None,
+    own_net: bool = False,
 ) -> bw.BwrapPlan:
     """The one place the bwrap plan is built, for `start()` and for `--dry-run`.
 
     `init` is `init_command`'s result; `data_fds` hold `_bwrap_data` in order.
     With `etc_stage` (`_stage_for`) /etc is one bind of the staged directory.
+    With `own_net` the child is already in the sandbox's network namespace
+    (`mounts.make_net_ns`) and bwrap keeps it.
     """
     init_argv, init_files, init_binds = init
     staged_etc = etc_stage is not None
@@ -1341,6 +1357,7 @@ def bwrap_plan(
         block_fd=block_fd,
         json_status_fd=json_status_fd,
         protect_binds=protect_binds,
+        unshare_net=not own_net,
     )
 
 
@@ -1369,6 +1386,7 @@ def _preview(
         json_status_fd=5,
         protect_binds=protect,
         etc_stage=etc,
+        own_net=root,
     )
     return plan, etc, selfs
 
@@ -1382,4 +1400,4 @@ def preview_stage(spec: SandboxSpec, *, root: bool | None = None) -> list[tuple[
     """(what, source, destination) of the mounts `start()` stages before bwrap
     (`sandbox.stage`); empty when not root."""
     _, etc, selfs = _preview(spec, root)
-    return stage.describe(etc, selfs, dev=etc is not None)
+    return stage.describe(etc, selfs, dev=etc is not None, net=etc is not None)

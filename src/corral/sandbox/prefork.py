@@ -18,8 +18,9 @@ child then runs the same `namespace.child_setup` as Popen's child and execs
 bwrap; the parent waits for that exec like Popen does (the socket is
 close-on-exec: EOF means exec'd, bytes are the error).
 
-What it holds while parked: stdio and its end of the socketpair (every
-other descriptor is closed at the fork); PDEATHSIG and a parent check make it
+What it holds while parked: stdio, its end of the socketpair (every
+other descriptor is closed at the fork) and the sandbox's network namespace,
+made ahead like the cgroup move (`mounts.make_net_ns`); PDEATHSIG and a parent check make it
 die with its worker, whose cgroup name carries the worker's pid, so
 `sweep_stale` removes it once the worker is gone. It is a fork of the
 worker, so it runs exactly the code the launcher's staleness check vouched
@@ -293,6 +294,12 @@ def _child(sock: socket.socket, attach: list[int], worker: int) -> None:
         for fd in attach:
             os.write(fd, b"0")
             os.close(fd)
+        from corral.sandbox import mounts
+
+        # The sandbox's network namespace, ahead too: creating one takes the
+        # kernel's rtnl lock, which a namespace being torn down can hold for
+        # tens of milliseconds.
+        mounts.make_net_ns()
         sock.sendall(b"R")
         (argv, env, umask, limits, setup), sock = _receive(sock)
         _set_comm(SETUP_COMM.encode())
@@ -317,7 +324,7 @@ def _child(sock: socket.socket, attach: list[int], worker: int) -> None:
             attach_fds=(), is_root=is_root, binds=binds, userns_fd=userns_fd, host_uid=host_uid,
             host_gid=host_gid, parent=parent, unix=unix, err_w=err_w,
             etc_stage=None if etc is None else stage.EtcStage.from_tuple(etc),
-            self_binds=[(r, rel, w, n) for r, rel, w, n in selfs],
+            self_binds=[(r, rel, w, n) for r, rel, w, n in selfs], make_net=False,
         )  # fmt: skip
         os.execve(argv[0], argv, env)
     except BaseException as exc:

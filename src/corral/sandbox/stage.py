@@ -157,10 +157,15 @@ def split_protect(
 
 
 def describe(
-    etc: EtcStage | None, selfs: tuple[SelfBind, ...], *, dev: bool = False
+    etc: EtcStage | None, selfs: tuple[SelfBind, ...], *, dev: bool = False, net: bool = False
 ) -> list[tuple[str, str, str]]:
-    """(what, source, destination) of every staged mount, for `--dry-run` (pure)."""
+    """(what, source, destination) of every staged mount, for `--dry-run` (pure).
+
+    `net`: the child also makes the network namespace (`mounts.make_net_ns`).
+    """
     out: list[tuple[str, str, str]] = []
+    if net:
+        out.append(("netns", "new", "lo"))
     if dev:
         out += [("dev-clone", f"/dev/{n}", f"{DEV_STAGE}/{n}") for n in _DEV_NODES]
         out += [("symlink", t, f"{DEV_STAGE}/{n}") for n, t in _DEV_LINKS]

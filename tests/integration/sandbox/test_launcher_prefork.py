@@ -219,3 +219,28 @@ def test_kill9_of_any_worker_kills_its_parked_child_before_any_sweep(workspace: 
         for root in [m for _, m in layout.v1] + ([layout.unified] if layout.unified else []):
             with contextlib.suppress(FileNotFoundError):
                 os.rmdir(os.path.join(root, parent))
+
+
+def _ns_ino(pid: int, kind: str) -> int:
+    return os.stat(f"/proc/{pid}/ns/{kind}").st_ino
+
+
+def test_the_parked_child_holds_the_sandboxs_network_namespace_ahead(
+    parked: tuple[int, int], frontend: Path, launcher_proc: Launcher, workspace: Path
+) -> None:
+    """The parked child made the next sandbox's network namespace (lo up) before
+    the request; the command runs in exactly that one, and the no-egress resolver
+    was attached to it before the command's first lookup."""
+    warm, child = parked
+    net = _ns_ino(child, "net")
+    assert net != _ns_ino(os.getpid(), "net")
+    assert net != _ns_ino(warm, "net")
+    script = (
+        "readlink /proc/self/ns/net; tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ';"
+        " getent hosts example.invalid; echo lookup=$?"
+    )
+    proc = _run(frontend, launcher_proc, workspace, "--", "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.decode().splitlines() == [f"net:[{net}]", "lo", "lookup=2"]
+    # Answered (NXDOMAIN, counted) by the resolver, not refused: it was there first.
+    assert b"name lookup(s) refused (example.invalid)" in proc.stderr

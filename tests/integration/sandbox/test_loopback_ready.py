@@ -124,3 +124,63 @@ def test_the_namespace_backend_hands_out_a_network_whose_loopback_is_up(
     names = [errno.errorcode.get(e, str(e)) for e in seen]
     print(f"connect() at hand-out over {STARTS} starts: {names}")
     assert seen == [errno.ECONNREFUSED] * STARTS, names
+
+
+#: ioctl(NS_GET_USERNS): a descriptor of the user namespace owning a namespace.
+_NS_GET_USERNS = 0xB701
+
+
+def _owner_ino(ns_path: str) -> int:
+    import fcntl
+    import os
+
+    fd = os.open(ns_path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        owner = fcntl.ioctl(fd, _NS_GET_USERNS)
+    finally:
+        os.close(fd)
+    try:
+        return os.fstat(owner).st_ino
+    finally:
+        os.close(owner)
+
+
+@pytest.mark.requires_sandbox
+def test_the_sandboxs_network_namespace_belongs_to_the_host_not_the_sandbox(
+    workspace: Path,
+) -> None:
+    """As root corral's child makes the network namespace before bwrap
+    (`mounts.make_net_ns`): it is owned by the host's user namespace, so no
+    capability inside the sandbox's user namespace reaches it, its `lo` is up
+    when handed out, and it is the one the command runs in. bwrap's
+    `--unshare-net` (the unprivileged path) makes one owned by the sandbox's
+    user namespace instead."""
+    import os
+
+    be = load_backend(backend_config("namespace"))
+    seen: list[tuple[int, int, int]] = []
+
+    def hook(net: SandboxNet) -> None:
+        assert isinstance(net, NetNs)
+        ns = f"/proc/self/fd/{net.namespace_fd()}"
+        seen.append((os.stat(ns).st_ino, _owner_ino(ns), _connect_errno(net)))
+
+    out = workspace / "out"
+    spec = SandboxSpec(
+        argv=("sh", "-c", "readlink /proc/self/ns/net > out; tail -n +3 /proc/net/dev >> out"),
+        workspace=str(workspace),
+        env=(("PATH", "/usr/bin:/bin"),),
+        network=NetworkSpec(),
+    )
+    running = be.start(spec, network=hook)
+    try:
+        assert running.wait(30).exit == 0
+    finally:
+        running.close()
+    ((ns_ino, owner_ino, connect_err),) = seen
+    assert ns_ino != os.stat("/proc/self/ns/net").st_ino
+    assert owner_ino == os.stat("/proc/self/ns/user").st_ino
+    assert connect_err == errno.ECONNREFUSED
+    link, *devices = out.read_text().splitlines()
+    assert link == f"net:[{ns_ino}]"
+    assert [d.split(":")[0].strip() for d in devices] == ["lo"]

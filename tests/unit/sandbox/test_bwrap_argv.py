@@ -146,6 +146,15 @@ def test_optional_fds() -> None:
     assert argv[argv.index("--block-fd") + 1] == "8"
 
 
+def test_a_network_namespace_made_before_bwrap_is_kept() -> None:
+    """`unshare_net=False`: the root child is already in the sandbox's own
+    namespace (`mounts.make_net_ns`); every other namespace is still bwrap's."""
+    kept = build_argv(_plan(unshare_net=False))
+    assert "--unshare-net" not in kept and "--share-net" not in kept
+    assert {"--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"} <= set(kept)
+    assert "--unshare-net" in build_argv(_plan())
+
+
 def test_real_directories_are_bound_not_linked() -> None:
     argv = build_argv(_plan(system_links=(("lib64", None),)))
     i = argv.index("/lib64")

@@ -66,6 +66,11 @@ def test_describe_shows_the_staged_dev() -> None:
     assert [r[0] for r in rows].count("devpts") == 1
 
 
+def test_describe_names_the_network_namespace_made_before_bwrap() -> None:
+    assert describe(None, (), net=True)[0] == ("netns", "new", "lo")
+    assert all(r[0] != "netns" for r in describe(None, ()))
+
+
 def test_user_binds_under_etc_outside_the_entries_get_mountpoints() -> None:
     etc, _ = plan_etc(
         ("ssl",),
