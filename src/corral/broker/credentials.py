@@ -173,15 +173,21 @@ class Credentials:
         return Scrub(tuple(pairs))
 
 
+_STRAY_PERCENT = re.compile(rb"%(?![0-9A-Fa-f]{2})")
+
+
 def _percent_decoded(data: bytes) -> bytes:
-    """`data` with %XX decoded at C speed (a view to scan; a bad escape becomes `?`).
+    """`data` with %XX decoded at C speed, as urllib decodes it (a view to scan).
 
     `urllib.parse.unquote_to_bytes` loops in Python per escape: ~3 s for
     16 MiB of escapes, stalling the broker's event loop. With every
     backslash doubled, `%` turned into `\\x` is the only escape left for
-    `codecs.escape_decode`, which decodes in C.
+    `codecs.escape_decode`, which decodes in C. A `%` not followed by two hex
+    digits stays literal, as urllib (and so the server) reads it: decoded as
+    a bad escape it would swallow the next character, and `%` + a placeholder
+    with one character escaped would then match in neither view.
     """
-    escaped = data.replace(b"\\", b"\\\\").replace(b"%", b"\\x")
+    escaped = _STRAY_PERCENT.sub(b"%25", data).replace(b"\\", b"\\\\").replace(b"%", b"\\x")
     return codecs.escape_decode(escaped, "replace")[0]
 
 

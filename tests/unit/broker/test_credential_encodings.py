@@ -96,3 +96,14 @@ def test_percent_view_decodes_what_urllib_encodes(data: bytes, safe: str) -> Non
     if "%" not in safe:
         assert _percent_decoded(quoted) == data
     assert len(_percent_decoded(quoted)) <= len(quoted)
+
+
+def test_a_stray_percent_before_an_encoded_placeholder_is_still_a_leak() -> None:
+    """Found by the property above: `%` + placeholder with its last character escaped.
+    Decoded as a bad escape the `%` swallowed the placeholder's first character, so it
+    matched in neither the raw nor the decoded view; urllib keeps the `%` literal."""
+    ph = new_placeholder(b"\0" * 16).encode()
+    shown = b"%" + ph[:-1] + b"%%%02x" % ph[-1] + b"%"
+    creds = Credentials([Credential("gh", ph, b"real", frozenset({"api.test"}))])
+    assert creds.encoded_leak(shown, "evil.test") == "gh"
+    assert urllib.parse.unquote_to_bytes(shown) == b"%" + ph + b"%"
