@@ -185,6 +185,7 @@ def child_setup(
     etc_stage: stage.EtcStage | None,
     self_binds: Sequence[stage.SelfBind],
     make_net: bool = True,
+    gate: Callable[[], None] | None = None,
 ) -> None:
     """The sandbox child between fork and exec of bwrap (Popen's preexec_fn, or `prefork`'s child).
 
@@ -192,7 +193,9 @@ def child_setup(
     namespace (`mounts.make_net_ns`), stages the idmapped binds, /dev,
     /etc and the guards' self-binds in a private mount namespace and drops to
     the sandbox's host uid (root), arms PDEATHSIG, installs the connect()
-    notification filter. A failure's reason goes to `err_w`.
+    notification filter. A failure's reason goes to `err_w`. `gate` returns
+    once the self-binds' placeholders exist (`protect.Placeholders.finish`,
+    run by the parent meanwhile); it raises if they never will.
     """
     try:
         for fd in attach_fds:
@@ -206,6 +209,8 @@ def child_setup(
             if etc_stage is not None:  # with it the plan binds the staged /dev
                 stage.stage_dev(host_uid, host_gid)
                 stage.stage_etc(etc_stage)
+            if gate is not None:
+                gate()
             for root, rel, writable, _ in self_binds:
                 stage.self_bind(root, rel, writable)
             os.setgroups([])
@@ -502,7 +507,11 @@ class NamespaceSandbox:
             if spec.protect:
                 from corral.sandbox.protect import start_protection
 
-                protect_binds, placeholders = start_protection(spec, staged, cache_dir())
+                # A prepared child is sent its request first and stages everything but
+                # the self-binds while this process makes the placeholders (`gate`).
+                protect_binds, placeholders = start_protection(
+                    spec, staged, cache_dir(), defer=spawned is not None and self.is_root
+                )
                 layers.active["protect"] = placeholders.summary
             etc_stage, self_binds, protect_binds = _stage_for(
                 spec, init_files, staged, protect_binds, root=self.is_root
@@ -566,6 +575,8 @@ class NamespaceSandbox:
                                    unix_half, err_w,
                                    None if etc_stage is None else etc_stage.as_tuple(),
                                    list(self_binds)),
+                            gate=placeholders.finish if placeholders and placeholders.deferred
+                            else None,
                         )  # fmt: skip
                     else:
                         proc = subprocess.Popen(
@@ -584,6 +595,8 @@ class NamespaceSandbox:
                     fds_to_close.remove(err_w)
                     detail = os.read(err_r, 4096).decode(errors="replace").strip()
                     os.close(err_r)
+                    if isinstance(exc, SandboxStartError):
+                        raise  # the placeholders' (`gate`): its own words
                     raise SandboxStartError(0, f"cannot start bwrap: {detail or exc}") from exc
                 os.close(err_r)
                 for fd in fds_to_close:

@@ -43,7 +43,7 @@ from corral.errors import CgroupError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from corral.sandbox.cgroup import Cgroup, CgroupLayout
     from corral.sandbox.spec import Limits
@@ -55,6 +55,8 @@ __all__ = ["SETUP_COMM", "SPAWN_COMM", "AdoptedChild", "Prepared", "discard", "p
 SPAWN_COMM = "corral-spawn"
 SETUP_COMM = "corral-spawning"
 _MAX_BODY = 16 << 20
+#: What releases a gated child (`launch(gate=...)`) into its self-binds.
+_GO = b"G"
 #: SCM_MAX_FD: the kernel refuses more descriptors in one message.
 _MAX_FDS = 253
 _PR_SET_NAME = 15
@@ -112,6 +114,7 @@ class Prepared:
         pass_fds: Sequence[int],
         keep_fds: Sequence[int],
         setup: Setup,
+        gate: Callable[[], None] | None = None,
     ) -> AdoptedChild:
         """Have the child exec `argv` as Popen(cwd="/", close_fds=True, pass_fds) would.
 
@@ -119,7 +122,9 @@ class Prepared:
         numbers and inheritable, `keep_fds` at their numbers close-on-exec
         (for `child_setup`, whose arguments are `setup`). Raises
         SubprocessError with the child's reason when it did not exec; the
-        child is reaped then.
+        child is reaped then. With `gate` the child stops before its
+        self-binds until `gate()` has returned here (run while it stages the
+        rest); if `gate` raises, the child is killed and the error re-raised.
         """
         import resource
 
@@ -135,7 +140,9 @@ class Prepared:
         ]
         umask = os.umask(0)
         os.umask(umask)
-        body = marshal.dumps((list(argv), env, targets, 3 + len(pass_fds), umask, limits, setup))
+        gated = gate is not None
+        request = (list(argv), env, targets, 3 + len(pass_fds), umask, limits, setup, gated)
+        body = marshal.dumps(request)
         if len(body) > _MAX_BODY or len(sent) > _MAX_FDS:
             self.release_child()
             raise subprocess.SubprocessError("request too large for a prepared child")
@@ -149,6 +156,13 @@ class Prepared:
                 # Not after the last byte: the child may have exec'd by then
                 # (its end closed), and a send of nothing would fail with EPIPE.
                 self.sock.sendall(msg[n:])
+            if gate is not None:
+                try:
+                    gate()
+                except BaseException:
+                    self.release_child()
+                    raise
+                self.sock.sendall(_GO)
             # The child's end is close-on-exec: EOF alone means bwrap was exec'd.
             while chunk := self.sock.recv(4096):
                 reply += chunk[: 4096 - len(reply)]
@@ -301,7 +315,7 @@ def _child(sock: socket.socket, attach: list[int], worker: int) -> None:
         # tens of milliseconds.
         mounts.make_net_ns()
         sock.sendall(b"R")
-        (argv, env, umask, limits, setup), sock = _receive(sock)
+        (argv, env, umask, limits, setup, gated), sock = _receive(sock)
         _set_comm(SETUP_COMM.encode())
         import resource
 
@@ -325,6 +339,7 @@ def _child(sock: socket.socket, attach: list[int], worker: int) -> None:
             host_gid=host_gid, parent=parent, unix=unix, err_w=err_w,
             etc_stage=None if etc is None else stage.EtcStage.from_tuple(etc),
             self_binds=[(r, rel, w, n) for r, rel, w, n in selfs], make_net=False,
+            gate=(lambda: _await_go(sock)) if gated else None,
         )  # fmt: skip
         os.execve(argv[0], argv, env)
     except BaseException as exc:
@@ -332,6 +347,12 @@ def _child(sock: socket.socket, attach: list[int], worker: int) -> None:
             sock.sendall((str(exc) or type(exc).__name__).encode()[:4000] or b"?")
     finally:
         os._exit(status)
+
+
+def _await_go(sock: socket.socket) -> None:
+    """Block until the worker has made the placeholders the self-binds need."""
+    if sock.recv(1) != _GO:
+        raise OSError("the worker stopped before the placeholders were made")
 
 
 def _open_fds() -> list[int]:
@@ -344,7 +365,7 @@ Setup = tuple[
     bool, list[tuple[str, bool]], int, int, int, int, tuple[bytes, int] | None, int,
     "EtcTuple | None", list[tuple[str, str, bool, str]],
 ]  # fmt: skip
-_Request = tuple[list[str], dict[str, str], int, list[tuple[int, int, int]], Setup]
+_Request = tuple[list[str], dict[str, str], int, list[tuple[int, int, int]], Setup, bool]
 
 
 def _receive(sock: socket.socket) -> tuple[_Request, socket.socket]:
@@ -366,7 +387,7 @@ def _receive(sock: socket.socket) -> tuple[_Request, socket.socket]:
         if not chunk:
             raise OSError("truncated request")
         body += chunk
-    argv, env, targets, n_inherit, umask, limits, setup = marshal.loads(bytes(body))
+    argv, env, targets, n_inherit, umask, limits, setup, gated = marshal.loads(bytes(body))
     if len(targets) != len(got):
         raise OSError("descriptor count mismatch")
     # Out of the way first: a received descriptor (or this socket) may sit on
@@ -383,7 +404,7 @@ def _receive(sock: socket.socket) -> tuple[_Request, socket.socket]:
         os.dup2(src, dst, inheritable=i < n_inherit)
     for fd in high:
         os.close(fd)
-    return (argv, env, umask, limits, setup), sock
+    return (argv, env, umask, limits, setup, bool(gated)), sock
 
 
 def _dupfd(fd: int, floor: int) -> int:

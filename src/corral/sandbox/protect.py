@@ -601,14 +601,24 @@ def record_dir(cache: str) -> str:
     return os.path.join(cache, "placeholders")
 
 
-@contextlib.contextmanager
-def _locked(where: str) -> Iterator[None]:
+def _lock(where: str) -> int:
+    """The records' lock, held (released by closing the descriptor)."""
     import fcntl
 
     os.makedirs(where, mode=0o700, exist_ok=True)
     fd = os.open(os.path.join(where, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@contextlib.contextmanager
+def _locked(where: str) -> Iterator[None]:
+    fd = _lock(where)
+    try:
         yield
     finally:
         os.close(fd)
@@ -736,6 +746,8 @@ class Placeholders:
 
     Use `create()` before bwrap starts and `release()` after the sandbox's
     mount namespace is gone (a placeholder is then no longer its mountpoint).
+    `start_protection(defer=True)` returns them planned, not made, with the
+    records' lock still held: `finish()` makes them under that same lock.
     """
 
     def __init__(self, p: ProtectPlan, where: str) -> None:
@@ -746,6 +758,8 @@ class Placeholders:
         self._rows: list[Row] = []
         #: After `release()`: see `created_below`.
         self.created_below: tuple[str, ...] | None = None
+        #: The records' lock while the plan waits for `finish()` (-1: not held).
+        self._held = -1
 
     @property
     def summary(self) -> dict[str, object]:
@@ -754,6 +768,29 @@ class Placeholders:
     def create(self) -> None:
         with _locked(self._where):
             self._create()
+
+    @property
+    def deferred(self) -> bool:
+        """Whether `finish()` is still to make them (the records' lock is held)."""
+        return self._held >= 0
+
+    def finish(self) -> None:
+        """Make a deferred plan's placeholders, then let go of the records' lock."""
+        try:
+            self._create()
+        except OSError as exc:
+            if isinstance(exc, SandboxStartError):
+                raise
+            raise SandboxStartError(
+                exc.errno or 0, f"protect: {exc.strerror or exc}: {show(str(exc.filename))}"
+            ) from exc
+        finally:
+            self._unlock()
+
+    def _unlock(self) -> None:
+        if self._held >= 0:
+            os.close(self._held)
+            self._held = -1
 
     def _create(self) -> None:
         uses: list[list[int]] = []
@@ -792,6 +829,7 @@ class Placeholders:
     def release(self) -> None:
         """Remove what `create()` made (only if unchanged and unused), then
         sweep leftovers this sandbox was the last one to use."""
+        self._unlock()
         if self._record is not None:
             # Teardown must finish: what cannot be removed now stays
             # recorded and is swept by a later start.
@@ -863,22 +901,33 @@ def preview_protection(spec: SandboxSpec, staged: Sequence[StagedBind]) -> tuple
 
 
 def start_protection(
-    spec: SandboxSpec, staged: Sequence[StagedBind], cache: str
+    spec: SandboxSpec, staged: Sequence[StagedBind], cache: str, *, defer: bool = False
 ) -> tuple[tuple[StagedBind, ...], Placeholders]:
     """Sweep stale placeholders, plan, create and record this sandbox's.
 
     Returns the binds and the placeholders to release after teardown. The
     scan and the record happen under the records' lock, so a sandbox ending
     meanwhile sees this one's use of its placeholders before removing them.
+    With `defer` nothing is created yet and the lock stays held until
+    `Placeholders.finish()` (or `release()`): the caller overlaps the ext4
+    creates (~0.2 ms each here, 18 by default) with other work that does not
+    need them, and the scan, record and creation still happen under one lock.
     """
     where = record_dir(cache)
     trees, sources, readonly = _writable(staged)
     try:
-        with _locked(where):
+        lock = _lock(where)
+        try:
             _sweep(where)
             p = compute(trees, spec.unprotect, readonly)
             placeholders = Placeholders(p, where)
-            placeholders._create()
+            if defer:
+                placeholders._held, lock = lock, -1
+            else:
+                placeholders._create()
+        finally:
+            if lock >= 0:
+                os.close(lock)
     except OSError as exc:
         if isinstance(exc, SandboxStartError):
             raise

@@ -244,3 +244,48 @@ def test_the_parked_child_holds_the_sandboxs_network_namespace_ahead(
     assert proc.stdout.decode().splitlines() == [f"net:[{net}]", "lo", "lookup=2"]
     # Answered (NXDOMAIN, counted) by the resolver, not refused: it was there first.
     assert b"name lookup(s) refused (example.invalid)" in proc.stderr
+
+
+#: Every name protection guards at the top of a workspace, as the sandbox tries them.
+_ATTACK = (
+    "for f in .envrc .bashrc .profile .mcp.json .gitmodules; do"
+    " (echo pwned > $f) 2>/dev/null && echo wrote $f; done;"
+    " for d in .git .vscode .claude; do"
+    " mkdir -p $d/hooks 2>/dev/null && echo made $d/hooks;"
+    " rmdir $d 2>/dev/null && echo removed $d; done;"
+    " grep -cE '/(\\.envrc|\\.git) ' /proc/self/mountinfo | sed 's/^/guards=/'"
+)
+
+
+def test_the_gated_child_guards_every_placeholder_it_was_gated_on(
+    parked: tuple[int, int], frontend: Path, launcher_proc: Launcher, workspace: Path
+) -> None:
+    """The parked child stages while the worker makes the placeholders, and binds them
+    only after (`launch(gate=...)`): every guarded name is read-only in the sandbox, and
+    none of them is left in the workspace afterwards."""
+    proc = _run(frontend, launcher_proc, workspace, "--", "sh", "-c", _ATTACK)
+    assert proc.returncode == 0, proc.stderr
+    # Nothing written, made or removed; both guards are mounts in the sandbox.
+    assert proc.stdout.decode().split() == ["guards=2"], proc.stdout
+    assert sorted(os.listdir(workspace)) == []
+
+
+def test_a_placeholder_that_cannot_be_made_kills_the_gated_child(
+    parked: tuple[int, int], frontend: Path, launcher_proc: Launcher, workspace: Path
+) -> None:
+    """The placeholders fail while the child waits at its gate (an immutable workspace:
+    even root cannot create in it): the request fails closed and names why, and the
+    child it had started staging is killed, its cgroup removed, nothing created."""
+    warm, child = parked
+    dirs = _cgroups_of(warm)
+    subprocess.run(["chattr", "+i", str(workspace)], check=True)
+    try:
+        proc = _run(frontend, launcher_proc, workspace, "--", "sh", "-c", "echo ran")
+    finally:
+        subprocess.run(["chattr", "-i", str(workspace)], check=True)
+    assert proc.returncode == 125, (proc.stdout, proc.stderr)
+    assert b"ran" not in proc.stdout
+    assert b"protect: cannot create placeholder" in proc.stderr, proc.stderr
+    assert wait_for(lambda: not alive(child), 10), f"the gated child {child} outlived its request"
+    assert [d for d in dirs if os.path.isdir(d)] == []
+    assert os.listdir(workspace) == []

@@ -395,6 +395,57 @@ def test_unusable_record_directory_fails_closed(tmp_path: Path) -> None:
     assert os.listdir(ws) == []
 
 
+def _lock_is_free(cache: Path) -> bool:
+    import fcntl
+
+    fd = os.open(cache / "placeholders" / ".lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def test_a_deferred_plan_holds_the_records_lock_until_its_placeholders_exist(
+    tmp_path: Path,
+) -> None:
+    """`defer=True`: planned and recorded nothing yet, lock held (no other start or
+    teardown can change what the plan saw); `finish()` makes them, then lets go."""
+    from corral.sandbox.spec import SandboxSpec
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    cache = tmp_path / "cache"
+    spec = SandboxSpec(argv=("true",), workspace=str(ws), env=(), protect=True)
+    binds, ph = pr.start_protection(
+        spec, [StagedBind(str(ws), str(ws), True)], str(cache), defer=True
+    )
+    assert ph.deferred and binds
+    assert os.listdir(ws) == [] and not _lock_is_free(cache)
+    ph.finish()
+    assert not ph.deferred and _lock_is_free(cache)
+    assert set(os.listdir(ws)) == set(pr.PROTECTED_NAMES)
+    ph.release()
+    assert os.listdir(ws) == []
+
+
+def test_a_deferred_plan_released_unfinished_makes_nothing_and_frees_the_lock(
+    tmp_path: Path,
+) -> None:
+    from corral.sandbox.spec import SandboxSpec
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    cache = tmp_path / "cache"
+    spec = SandboxSpec(argv=("true",), workspace=str(ws), env=(), protect=True)
+    _, ph = pr.start_protection(spec, [StagedBind(str(ws), str(ws), True)], str(cache), defer=True)
+    ph.release()
+    assert _lock_is_free(cache) and os.listdir(ws) == []
+    assert [n for n in os.listdir(cache / "placeholders") if n.endswith(".json")] == []
+
+
 @pytest.mark.parametrize(
     ("config", "expected"),
     [
