@@ -49,6 +49,20 @@ def _spawned(warm: int) -> list[int]:
     return [p for p in children_of(warm) if comm(p) == prefork.SPAWN_COMM]
 
 
+def _bwrap_of(warm: int, child: int) -> int:
+    """The bwrap monitor the parked `child` started: the child itself once it exec'd,
+    or (spawn.c) its sibling, a child of the same worker, the child gone."""
+    if comm(child) == "bwrap":
+        return child
+    (monitor,) = [p for p in children_of(warm) if comm(p) == "bwrap"]
+    assert not alive(child) or comm(child) in ("", prefork.SETUP_COMM)
+    return monitor
+
+
+def _procs_of(cgroup_dir: str) -> list[int]:
+    return [int(p) for p in Path(cgroup_dir, "cgroup.procs").read_text().split()]
+
+
 def _in_cgroups(pid: int) -> set[str]:
     """The last component of every cgroup path `pid` is in (host side, /proc/PID/cgroup)."""
     names = set()
@@ -123,8 +137,8 @@ def test_the_requests_limits_are_in_the_prepared_cgroup(
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline() == b"started\n"
-        # The prepared child became this sandbox's bwrap, in the prepared cgroup.
-        assert comm(child) == "bwrap"
+        # The prepared child started this sandbox's bwrap, in the prepared cgroup.
+        assert _bwrap_of(warm, child) in _procs_of(pids_dir)
         assert Path(pids_dir, "pids.max").read_text().strip() == "37"
         sandboxed = [p for p in processes_with(marker) if p != proc.pid]
         assert sandboxed
@@ -137,8 +151,8 @@ def test_the_requests_limits_are_in_the_prepared_cgroup(
 def test_the_sandbox_holds_nothing_of_the_workers_socketpair(
     parked: tuple[int, int], frontend: Path, launcher_proc: Launcher, workspace: Path, marker: str
 ) -> None:
-    """The control socket is close-on-exec: bwrap (the former parked child) has no socket."""
-    _warm, child = parked
+    """The control socket is close-on-exec: bwrap (spawned by the parked child) has no socket."""
+    warm, child = parked
     before = {os.readlink(f"/proc/{child}/fd/{fd}") for fd in os.listdir(f"/proc/{child}/fd")}
     socks = {link for link in before if link.startswith("socket:[")}
     assert len(socks) == 1, before
@@ -150,8 +164,7 @@ def test_the_sandbox_holds_nothing_of_the_workers_socketpair(
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline() == b"started\n"
-        assert comm(child) == "bwrap"
-        pids = [child, *(p for p in processes_with(marker) if p != proc.pid)]
+        pids = [_bwrap_of(warm, child), *(p for p in processes_with(marker) if p != proc.pid)]
         for pid in pids:
             held = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
             assert not held & socks, (pid, held)
@@ -289,3 +302,30 @@ def test_a_placeholder_that_cannot_be_made_kills_the_gated_child(
     assert wait_for(lambda: not alive(child), 10), f"the gated child {child} outlived its request"
     assert [d for d in dirs if os.path.isdir(d)] == []
     assert os.listdir(workspace) == []
+
+
+def test_the_spawned_bwrap_is_the_workers_child_and_its_spawner_no_leftover(
+    parked: tuple[int, int], frontend: Path, launcher_proc: Launcher, workspace: Path, marker: str
+) -> None:
+    """spawn.c: the parked child spawns bwrap as its *sibling* (CLONE_PARENT, the
+    worker its parent, so --die-with-parent and the worker's wait mean what they did)
+    and exits, so the spawner, a process of the sandbox's cgroup, is gone and never
+    reported as the command's leftover."""
+    import json
+
+    warm, child = parked
+    proc = subprocess.Popen(
+        [str(frontend), "exec", "--json", "--", "sh", "-c", "echo started; read x", marker],
+        cwd=workspace, env=launcher_proc.env(), stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stdin is not None
+    assert proc.stdout.readline() == b"started\n"
+    monitor = _bwrap_of(warm, child)
+    status = Path(f"/proc/{monitor}/status").read_text()
+    assert f"\nPPid:\t{warm}\n" in status, status
+    assert wait_for(lambda: not alive(child), 10), "the spawner outlived its spawn"
+    _, err = proc.communicate(b"\n", timeout=30)
+    assert proc.returncode == 0, err
+    report = json.loads(err.decode().strip().splitlines()[-1])
+    assert report["processes_killed_at_end"] == 0, report

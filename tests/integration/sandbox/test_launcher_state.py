@@ -25,6 +25,8 @@ from corral.sandbox import namespace
 from corral.sandbox.namespace import NamespaceSandbox
 from corral.sandbox.spec import SandboxSpec
 
+from .conftest import wait_for
+
 pytestmark = [pytest.mark.requires_sandbox, pytest.mark.timeout(60)]
 
 _ALL_SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
@@ -46,12 +48,16 @@ def _ppid(pid: int) -> int:
 def test_bwrap_reads_a_sealed_bpf_memfd(workspace: Path) -> None:
     seen: list[tuple[int, int | None]] = []
 
-    def inspect(child_pid: int) -> None:
-        # bwrap's child is blocked on --block-fd here, before it reads the
-        # BPF program; it (and maybe still the monitor) holds the descriptor.
+    def inspect(net_pid: int) -> None:
+        # Root: the hook gets bwrap's monitor (the network namespace is made
+        # before bwrap), whose child blocks on --block-fd before it reads the
+        # BPF program, holding the descriptor; unprivileged: bwrap's child.
+        monitor = net_pid if _ppid(net_pid) == os.getpid() else _ppid(net_pid)
+        children = Path(f"/proc/{monitor}/task/{monitor}/children")
+        assert wait_for(lambda: children.read_text().split() != [], 10)
         links = [
             f"/proc/{pid}/fd/{name}"
-            for pid in (_ppid(child_pid), child_pid)
+            for pid in (monitor, *map(int, children.read_text().split()))
             for name in os.listdir(f"/proc/{pid}/fd")
         ]
         for link in links:
