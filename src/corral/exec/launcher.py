@@ -775,6 +775,9 @@ def serve(path: Path, *, idle_s: float = 300.0, ready_fd: int | None = None) -> 
                 from corral.sandbox import prewarm
 
                 prewarm.prepare()
+                from corral.exec import cli
+
+                cli.rehearse()
                 _set_comm(WARM_COMM)
                 got = _await_handoff(handoff)
                 if got is None:
