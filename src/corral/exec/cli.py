@@ -723,12 +723,14 @@ def rehearse() -> None:
             from corral.sandbox.backend_config import backend_config, load_backend
 
             load_backend(backend_config(ns.backend))
-            from corral.sandbox.namespace import NamespaceSandbox, cache_dir
+            from corral.sandbox.namespace import NamespaceSandbox
 
             NamespaceSandbox(spec)._check_layers()
-            from corral.sandbox.initbin import init_binary
+            from corral.sandbox.namespace import preview_argv, preview_stage
 
-            init_binary(cache_dir())
+            # What --dry-run prints: the builders `start` runs too (init_binary among them).
+            preview_argv(spec)
+            preview_stage(spec)
         finally:
             os.rmdir(ws)
 
