@@ -15,6 +15,9 @@ depend on the request and is done here instead, ahead of it:
   `/etc` may have changed, so `take_userns` hands the lease out only when
   the request's freshly validated range still contains it.
 
+- the next sandbox's cgroup, and its first process forked into it,
+  parked until the request (`sandbox.prefork`).
+
 - the cgroup mounts, and the kernel's Landlock ABI and seccomp
   notification support (`layers.prepare`): the mounts are used only while
   the kernel reports no mount change since they were read, the kernel's
@@ -26,12 +29,9 @@ caller's PATH), the cgroup hierarchy's writability, the user-namespace
 sysctls, the seccomp cache (its file is re-validated), the Landlock plan
 (it depends on the request's paths).
 
-The warm worker then rehearses the request path (`exec.cli.rehearse`), its
-results dropped, so the request does not pay the copy-on-write faults of
-first touching the launcher's pages.
-
-- the next sandbox's cgroup, and its first process forked into it,
-  parked until the request (`sandbox.prefork`).
+The warm worker then rehearses the request path (`exec.launcher._rehearse`),
+its results dropped, so the request does not pay the copy-on-write faults
+of first touching the launcher's pages.
 
 A process that never calls `prepare` (the Python CLI, `corral run`) takes
 nothing and computes everything per sandbox, as before.
