@@ -499,6 +499,27 @@ def _worker(conn: socket.socket) -> int:
     return 0
 
 
+def _rehearsal_body() -> bytes:
+    """A request body as the front end sends it: `exec -- true` in this process's environment."""
+    env = [b"%s=%s" % kv for kv in os.environb.items()]
+    fields = [BUILD_ID.encode(), b"022", b"", b"3", b"exec", b"--", b"true", *env]
+    return b"\0".join(fields) + b"\0"
+
+
+def _rehearse() -> None:
+    """A warm worker's run of a made-up request's decoding and checks, before its own.
+
+    What `cli.rehearse` does for the exec path (the first touch of the
+    launcher's pages, copied on write), for the request's decoding. Pure:
+    nothing is kept, nothing applied.
+    """
+    with contextlib.suppress(Exception):
+        parse_request(_rehearsal_body(), NFDS)
+    from corral.exec import cli
+
+    cli.rehearse()
+
+
 def _set_environ(env: dict[str, str]) -> None:
     """Make os.environ (and the C environment) exactly `env`.
 
@@ -775,6 +796,7 @@ def serve(path: Path, *, idle_s: float = 300.0, ready_fd: int | None = None) -> 
                 from corral.sandbox import prewarm
 
                 prewarm.prepare()
+                _rehearse()
                 _set_comm(WARM_COMM)
                 got = _await_handoff(handoff)
                 if got is None:

@@ -48,7 +48,7 @@ from corral._payload import path as payload_path
 from corral.errors import CgroupError, LayerUnavailableError, SandboxStartError
 from corral.sandbox import bwrap as bw
 from corral.sandbox import interrupts, mounts, stage
-from corral.sandbox.cgroup import Cgroup, CgroupLayout, CgroupUsage, detect_layout, sweep_stale
+from corral.sandbox.cgroup import Cgroup, CgroupLayout, CgroupUsage, sweep_stale
 from corral.sandbox.handle import CgroupProcessHandle
 from corral.sandbox.spec import ExecResult, SandboxSpec
 from corral.sandbox.terminal import stdio_without_tty
@@ -291,9 +291,14 @@ class NamespaceSandbox:
     # -- layer checks (cheap: file reads and one syscall, no subprocess) --
     def _facts(self) -> _Facts:
         """What this host offers for the spec, each layer with why not (no decision)."""
-        from corral.sandbox.layers import cgroup_unwritable, userns_blocked
+        from corral.sandbox.layers import (
+            cgroup_layout,
+            cgroup_unwritable,
+            kernel_features,
+            userns_blocked,
+        )
 
-        layout = self._layout if self._layout is not None else detect_layout()
+        layout = self._layout if self._layout is not None else cgroup_layout()
         bpf: bytes | None = None
         try:
             from corral.sandbox import seccomp
@@ -304,15 +309,13 @@ class NamespaceSandbox:
             seccomp_reason = f"cannot build the seccomp filter: {exc}"
         from corral.sandbox import landlock
 
-        abi = landlock.abi_version()
+        abi, unix_reason = kernel_features()
         ll_reason = None if abi > 0 else "Landlock is not enabled in this kernel"
         if ll_reason is None:
             try:
                 landlock.plan(landlock.LandlockRules.from_dict(landlock_rules_for(self.spec)), abi)
             except landlock.LandlockError as exc:
                 ll_reason = exc.strerror or str(exc)
-        from corral.sandbox import unix_supervisor
-
         return _Facts(
             bwrap=_which("bwrap"),
             userns=userns_blocked(),
@@ -322,7 +325,7 @@ class NamespaceSandbox:
             seccomp=seccomp_reason,
             abi=abi,
             landlock=ll_reason,
-            unix=unix_supervisor.unavailable_reason(),
+            unix=unix_reason,
         )
 
     def check(self) -> dict[str, str | None]:

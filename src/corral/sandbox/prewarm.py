@@ -15,14 +15,23 @@ depend on the request and is done here instead, ahead of it:
   `/etc` may have changed, so `take_userns` hands the lease out only when
   the request's freshly validated range still contains it.
 
+- the next sandbox's cgroup, and its first process forked into it,
+  parked until the request (`sandbox.prefork`).
+
+- the cgroup mounts, and the kernel's Landlock ABI and seccomp
+  notification support (`layers.prepare`): the mounts are used only while
+  the kernel reports no mount change since they were read, the kernel's
+  features cannot change while it runs.
+
 Not prepared, because the host or the caller can change them between the
 warm fork and the request and they are cheap to read: bwrap's path (the
-caller's PATH), the cgroup mounts and their writability, the user-namespace
+caller's PATH), the cgroup hierarchy's writability, the user-namespace
 sysctls, the seccomp cache (its file is re-validated), the Landlock plan
 (it depends on the request's paths).
 
-- the next sandbox's cgroup, and its first process forked into it,
-  parked until the request (`sandbox.prefork`).
+The warm worker then rehearses the request path (`exec.launcher._rehearse`),
+its results dropped, so the request does not pay the copy-on-write faults
+of first touching the launcher's pages.
 
 A process that never calls `prepare` (the Python CLI, `corral run`) takes
 nothing and computes everything per sandbox, as before.
@@ -74,6 +83,11 @@ def prepare() -> None:
 
     # After the userns helper's fork: the parked child holds none of this.
     prefork.prepare()
+    from corral.sandbox import layers
+
+    # After the parked child's fork: it holds no mountinfo descriptor either.
+    with contextlib.suppress(Exception):
+        layers.prepare()
 
 
 def _prepare_uid() -> None:
@@ -114,9 +128,10 @@ def take_userns(r: UidRange) -> tuple[UidLease, int] | None:
 
 def discard() -> None:
     """Give back what was prepared and never used (no sandbox ran with it: clean)."""
-    from corral.sandbox import prefork
+    from corral.sandbox import layers, prefork
     from corral.sandbox.gvisor import preboot
 
+    layers.discard()
     preboot.discard()
     prefork.discard()
     while _slot:

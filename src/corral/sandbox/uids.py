@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -127,8 +128,49 @@ def _sub_ranges(path: str) -> Iterable[tuple[str, int, int]]:
                 yield parts[0], start, start + count - 1
 
 
+_DBS = ("passwd", "group", "subuid", "subgid")
+#: A file changed this recently before it was read is never remembered as read:
+#: timestamps come from a coarse clock (a change just after the read can carry
+#: a time from just before it), so only an older ctime vouches that it did not change.
+_SETTLED_NS = 2_000_000_000
+#: (range, etc) -> (the files' identities when read, the answer): one entry, the last.
+_answers: dict[tuple[int, int, str], tuple[tuple[tuple[int, ...] | None, ...], str | None]] = {}
+
+
+def _identities(etc: str) -> tuple[tuple[int, ...] | None, ...]:
+    out: list[tuple[int, ...] | None] = []
+    for db in _DBS:
+        try:
+            st = os.stat(os.path.join(etc, db))
+        except FileNotFoundError:
+            out.append(None)
+            continue
+        out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return tuple(out)
+
+
 def range_conflict(r: UidRange, etc: str = "/etc") -> str | None:
-    """Why `r` overlaps host accounts or subordinate ranges, or None when it does not."""
+    """Why `r` overlaps host accounts or subordinate ranges, or None when it does not.
+
+    The answer is remembered with the four files' identities (device, inode,
+    size, mtime, ctime) and reused while a stat of each shows the same; a
+    file changed within `_SETTLED_NS` before the read is read again next time.
+    """
+    key = (r.first, r.last, etc)
+    before = _identities(etc)
+    known = _answers.get(key)
+    if known is not None and known[0] == before:
+        return known[1]
+    started = time.time_ns()
+    answer = _range_conflict(r, etc)
+    after = _identities(etc)
+    _answers.clear()
+    if after == before and all(i is None or i[4] < started - _SETTLED_NS for i in after):
+        _answers[key] = (after, answer)
+    return answer
+
+
+def _range_conflict(r: UidRange, etc: str) -> str | None:
     for db, what in (("passwd", "user"), ("group", "group")):
         for name, ident in _ids_of(os.path.join(etc, db)):
             if ident in r:

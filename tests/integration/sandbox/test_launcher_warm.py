@@ -142,6 +142,9 @@ def test_the_warm_worker_holds_no_way_to_the_launcher(launcher_proc: Launcher, w
         if link.startswith("user:[") or link.startswith(f"{uids.LOCK_DIR}/")
     ]
     assert len(prepared) == (2 if os.geteuid() == 0 else 0), held
+    # Its own mount table, read ahead (`layers.prepare`): valid while it polls no change.
+    prepared += [link for link in held.values() if link == f"/proc/{warm}/mountinfo"]
+    assert len(prepared) == (3 if os.geteuid() == 0 else 1), held
     # And, as root, its end of the socketpair to its parked sandbox child (sandbox.prefork),
     # whose other end only that child holds.
     spawned = [p for p in children_of(warm) if comm(p) == prefork.SPAWN_COMM]

@@ -122,3 +122,33 @@ def test_only_degradable_layers_are_offered() -> None:
     assert exc.value.code == 2
     ns, _ = parse_args(["--allow-degraded", "landlock", "--", "true"])
     assert ns.allow_degraded == ["landlock"]
+
+
+def test_rehearse_leaves_no_directory_and_says_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    import tempfile
+
+    from corral.exec import cli
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    cli.rehearse()
+    assert list(tmp_path.iterdir()) == []
+    assert capfd.readouterr() == ("", "")
+
+
+def test_a_failing_rehearsal_is_silent_and_leaves_no_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    import tempfile
+
+    from corral.exec import cli
+
+    def refuse(*_args: object) -> None:
+        raise UsageError("refused")
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(cli, "build_spec", refuse)
+    cli.rehearse()
+    assert list(tmp_path.iterdir()) == []
+    assert capfd.readouterr() == ("", "")

@@ -146,3 +146,11 @@ def test_worker_environment_is_exactly_the_clients() -> None:
     finally:
         launcher._set_environ(saved)
     assert dict(os.environ) == saved
+
+
+def test_the_warm_workers_rehearsal_request_decodes_as_a_real_one() -> None:
+    # A body parse_request refused would make the rehearsal a silent no-op.
+    req = parse_request(launcher._rehearsal_body(), launcher.NFDS)
+    assert req.build_id == launcher.BUILD_ID
+    assert req.argv == ("exec", "--", "true")
+    assert dict(req.env) == dict(os.environ)

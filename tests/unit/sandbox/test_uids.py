@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,41 @@ def test_range_conflicts_with_host_accounts_and_subordinate_ids(tmp_path: Path) 
         uids.configured_range({"CORRAL_UID_RANGE": "64000-64999"}, clean)
     (tmp_path / "subuid").write_text("alice:100000:65536\n")
     assert uids.configured_range({}, clean) == UidRange(64000, 64999)
+
+
+def test_a_remembered_range_check_is_used_only_while_the_files_are_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = UidRange(64000, 64999)
+    etc = _etc(tmp_path, passwd="root:x:0:0::/root:/bin/sh\n")
+    (tmp_path / "subuid").write_text("alice:100000:65536\n")
+    monkeypatch.setattr(uids, "_SETTLED_NS", 50_000_000)
+    time.sleep(0.1)  # the files are settled: their ctime is older than the margin
+    assert uids.range_conflict(r, etc) is None
+
+    def unread(_r: UidRange, _etc: str) -> str | None:
+        raise AssertionError("read again although nothing changed")
+
+    real = uids._range_conflict
+    monkeypatch.setattr(uids, "_range_conflict", unread)
+    assert uids.range_conflict(r, etc) is None  # remembered: nothing is read
+    # The same size, the same inode, in place: only the timestamps tell.
+    (tmp_path / "subuid").write_text("alice:063000:01001\n")
+    monkeypatch.setattr(uids, "_range_conflict", real)
+    assert "alice" in (uids.range_conflict(r, etc) or "")
+    (tmp_path / "subuid").unlink()
+    assert uids.range_conflict(r, etc) is None
+    with pytest.raises(SandboxStartError):
+        uids.configured_range({}, _etc(tmp_path, passwd="svc:x:64100:100::/:/bin/false\n"))
+
+
+def test_a_range_check_of_files_changed_just_before_is_not_remembered(tmp_path: Path) -> None:
+    r = UidRange(64000, 64999)
+    etc = _etc(tmp_path, passwd="root:x:0:0::/root:/bin/sh\n")
+    assert uids.range_conflict(r, etc) is None
+    # Within _SETTLED_NS of their change: a change in the same clock tick as
+    # the read would leave every identity as it was.
+    assert (r.first, r.last, etc) not in uids._answers
 
 
 def test_busy_ids_reads_every_uid_and_gid_and_skips_zombies(tmp_path: Path) -> None:
