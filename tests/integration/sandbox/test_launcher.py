@@ -430,7 +430,9 @@ def test_kill9_of_the_worker_is_kill9_of_corral_exec(
     assert wait_for(lambda: processes_with(marker) == [], 10), processes_with(marker)
     assert _mounts_naming(workspace) == []
     leftovers = _cgroups_of(worker)
-    assert _procs_in(leftovers) == 0
+    # A bwrap or init still exiting (killed, its command line already empty) is
+    # still in the cgroup for a moment: what must hold is that nothing stays.
+    assert wait_for(lambda: _procs_in(leftovers) == 0, 10), leftovers
     subprocess.run(corral_argv("--workspace", str(workspace), "--", "true"), check=True)
     assert [cg for cg in leftovers if os.path.isdir(cg)] == []
 
