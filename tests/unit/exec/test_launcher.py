@@ -146,3 +146,58 @@ def test_worker_environment_is_exactly_the_clients() -> None:
     finally:
         launcher._set_environ(saved)
     assert dict(os.environ) == saved
+
+
+def test_the_rehearsal_request_is_what_the_front_end_sends() -> None:
+    """The warm worker rehearses on a request the real path accepts: same build, this
+    process's own umask, limits and environment."""
+    import resource
+
+    head, body = launcher._rehearsal_request()
+    assert head == launcher.MAGIC + len(body).to_bytes(4, "big")
+    req = parse_request(body, launcher.NFDS)
+    assert req.build_id == launcher.BUILD_ID
+    assert req.argv == ("exec", "--", "true")
+    assert dict(req.env) == dict(os.environ)
+    assert len(req.rlimits) == 16
+    for res, soft, hard in req.rlimits:
+        got = resource.getrlimit(res)
+        assert (soft, hard) == tuple(-1 if v == resource.RLIM_INFINITY else v for v in got)
+
+
+def _state() -> tuple[list[str], object, dict[str, str], int, list[tuple[int, int]]]:
+    import resource
+    import signal
+
+    fds = sorted(os.listdir("/proc/self/fd"))
+    mask = os.umask(0o022)
+    os.umask(mask)
+    limits = [resource.getrlimit(r) for r in range(16)]
+    return fds, signal.getsignal(signal.SIGIO), dict(os.environ), mask, limits
+
+
+def test_the_rehearsal_leaves_nothing_for_the_request() -> None:
+    """What a warm worker runs before it waits must not reach the client's request:
+    no descriptor, no SIGIO handler, no environment, umask or limit of its own."""
+    before = _state()
+    launcher._rehearse()
+    assert _state() == before
+
+
+def test_the_rehearsal_never_blocks_on_a_huge_environment() -> None:
+    """A body beyond the socketpair's buffer would block the warm worker for good
+    (nobody reads while it writes): it gives up instead, and leaves nothing."""
+    import signal
+
+    os.environ["CORRAL_TEST_HUGE"] = "x" * (1 << 20)
+    old = signal.signal(signal.SIGALRM, signal.default_int_handler)
+    try:
+        before = _state()
+        signal.alarm(20)
+        launcher._rehearse()
+        signal.alarm(0)
+        assert _state() == before
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+        del os.environ["CORRAL_TEST_HUGE"]
