@@ -201,3 +201,50 @@ def test_the_rehearsal_never_blocks_on_a_huge_environment() -> None:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
         del os.environ["CORRAL_TEST_HUGE"]
+
+
+def test_only_private_writable_memory_is_copied_ahead() -> None:
+    maps = "\n".join(
+        [
+            "55d0a000-55d0b000 r--p 00000000 08:01 123 /usr/bin/python3.11",
+            "55d0c000-55d0d000 rw-p 00001000 08:01 123 /usr/bin/python3.11",
+            "55d0e000-55d2e000 rw-p 00000000 00:00 0 [heap]",
+            "7f0000000000-7f0000100000 rw-p 00000000 00:00 0",
+            "7f0000100000-7f0000200000 rw-s 00000000 00:05 77 /memfd:shared (deleted)",
+            "7f0000200000-7f0000300000 ---p 00000000 00:00 0",
+            "7ffd0000-7ffd2000 rw-p 00000000 00:00 0 [stack]",
+            "7ffd3000-7ffd5000 r--p 00000000 00:00 0 [vvar]",
+            "ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0 [vsyscall]",
+        ]
+    )
+    assert launcher._private_writable(maps) == [
+        (0x55D0C000, 0x55D0D000),
+        (0x55D0E000, 0x55D2E000),
+        (0x7F0000000000, 0x7F0000100000),
+        (0x7FFD0000, 0x7FFD2000),
+    ]
+
+
+def test_copying_ahead_stops_once_a_connection_is_handed_over() -> None:
+    """A request handed to a warm worker still copying waits for no more than one chunk."""
+    import socket
+
+    mine, theirs = socket.socketpair()
+    try:
+        mine.send(b"c")
+        assert launcher._populate(theirs) == 0
+    finally:
+        mine.close()
+        theirs.close()
+
+
+def test_copying_ahead_is_bounded() -> None:
+    import socket
+
+    mine, theirs = socket.socketpair()
+    try:
+        done = launcher._populate(theirs)
+    finally:
+        mine.close()
+        theirs.close()
+    assert 0 < done <= launcher._POPULATE_MAX
