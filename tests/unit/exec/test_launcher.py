@@ -248,3 +248,86 @@ def test_copying_ahead_is_bounded() -> None:
         mine.close()
         theirs.close()
     assert 0 < done <= launcher._POPULATE_MAX
+
+
+def test_a_report_is_bounded_and_whole_items_only() -> None:
+    item = launcher._HOT_ITEM
+    runs = ((10, 3), (100, 1))
+    assert launcher._decode_hot(launcher._encode_hot(runs)) == runs
+    # A torn report (the worker killed mid-send): the whole items it holds.
+    assert launcher._decode_hot(launcher._encode_hot(runs)[:-3]) == ((10, 3),)
+    # Empty, wrapping or absurd ranges are dropped.
+    hostile = item.pack(5, 0) + item.pack(2**64 - 2, 4) + item.pack(1 << 51, 1 << 51)
+    assert launcher._decode_hot(hostile) == ()
+    many = b"".join(item.pack(i * 2, 1) for i in range(launcher._MAX_HOT + 50))
+    assert len(launcher._decode_hot(many)) == launcher._MAX_HOT
+
+
+def test_a_report_only_ever_names_the_processs_own_private_memory() -> None:
+    page = launcher._PAGE
+    regions = [(100 * page, 110 * page), (200 * page, 201 * page)]
+    hot = ((205, 10), (95, 10), (0, 50), (108, 100), (300, 5))
+    assert launcher._clip(hot, regions) == [
+        (100 * page, 105 * page),
+        (108 * page, 110 * page),
+        (200 * page, 201 * page),
+    ]
+
+
+def test_a_worker_reports_the_pages_it_wrote_after_the_fork() -> None:
+    """pagemap's exclusive bit after a fork: the pages the child wrote, not the ones
+    it only shares with its parent."""
+    import ctypes
+    import mmap
+
+    page = launcher._PAGE
+    buf = mmap.mmap(-1, 64 * page, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    for i in range(64):
+        buf[i * page] = 1
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf)) // page
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            for i in range(10, 20):
+                buf[i * page] = 2
+            runs = launcher._written_pages()
+            written = {p for first, count in runs for p in range(first, first + count)}
+            mine = {p - base for p in written if base <= p < base + 64}
+            os.write(w, repr(sorted(mine)).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r) as fh:
+        got = fh.read()
+    _, status = os.waitpid(pid, 0)
+    assert status == 0
+    assert got == repr(list(range(10, 20)))
+
+
+def test_a_report_never_blocks_the_worker() -> None:
+    """The launcher reads a report only once the worker is reaped: a worker that
+    waited for the reader would never exit."""
+    import contextlib
+    import signal
+    import socket
+
+    mine, theirs = socket.socketpair()
+    old = signal.signal(signal.SIGALRM, signal.default_int_handler)
+    try:
+        theirs.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                theirs.send(b"x" * 65536)
+        theirs.setblocking(True)
+        signal.alarm(20)
+        launcher._report_hot(theirs)  # returns: the buffer is full, the report is dropped
+        signal.alarm(0)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+        mine.close()
+        theirs.close()
