@@ -148,9 +148,186 @@ def test_worker_environment_is_exactly_the_clients() -> None:
     assert dict(os.environ) == saved
 
 
-def test_the_warm_workers_rehearsal_request_decodes_as_a_real_one() -> None:
-    # A body parse_request refused would make the rehearsal a silent no-op.
-    req = parse_request(launcher._rehearsal_body(), launcher.NFDS)
+def test_the_rehearsal_request_is_what_the_front_end_sends() -> None:
+    """The warm worker rehearses on a request the real path accepts: same build, this
+    process's own umask, limits and environment."""
+    import resource
+
+    head, body = launcher._rehearsal_request()
+    assert head == launcher.MAGIC + len(body).to_bytes(4, "big")
+    req = parse_request(body, launcher.NFDS)
     assert req.build_id == launcher.BUILD_ID
     assert req.argv == ("exec", "--", "true")
     assert dict(req.env) == dict(os.environ)
+    assert len(req.rlimits) == 16
+    for res, soft, hard in req.rlimits:
+        got = resource.getrlimit(res)
+        assert (soft, hard) == tuple(-1 if v == resource.RLIM_INFINITY else v for v in got)
+
+
+def _state() -> tuple[list[str], object, dict[str, str], int, list[tuple[int, int]]]:
+    import resource
+    import signal
+
+    fds = sorted(os.listdir("/proc/self/fd"))
+    mask = os.umask(0o022)
+    os.umask(mask)
+    limits = [resource.getrlimit(r) for r in range(16)]
+    return fds, signal.getsignal(signal.SIGIO), dict(os.environ), mask, limits
+
+
+def test_the_rehearsal_leaves_nothing_for_the_request() -> None:
+    """What a warm worker runs before it waits must not reach the client's request:
+    no descriptor, no SIGIO handler, no environment, umask or limit of its own."""
+    before = _state()
+    launcher._rehearse()
+    assert _state() == before
+
+
+def test_the_rehearsal_never_blocks_on_a_huge_environment() -> None:
+    """A body beyond the socketpair's buffer would block the warm worker for good
+    (nobody reads while it writes): it gives up instead, and leaves nothing."""
+    import signal
+
+    os.environ["CORRAL_TEST_HUGE"] = "x" * (1 << 20)
+    old = signal.signal(signal.SIGALRM, signal.default_int_handler)
+    try:
+        before = _state()
+        signal.alarm(20)
+        launcher._rehearse()
+        signal.alarm(0)
+        assert _state() == before
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+        del os.environ["CORRAL_TEST_HUGE"]
+
+
+def test_only_private_writable_memory_is_copied_ahead() -> None:
+    maps = "\n".join(
+        [
+            "55d0a000-55d0b000 r--p 00000000 08:01 123 /usr/bin/python3.11",
+            "55d0c000-55d0d000 rw-p 00001000 08:01 123 /usr/bin/python3.11",
+            "55d0e000-55d2e000 rw-p 00000000 00:00 0 [heap]",
+            "7f0000000000-7f0000100000 rw-p 00000000 00:00 0",
+            "7f0000100000-7f0000200000 rw-s 00000000 00:05 77 /memfd:shared (deleted)",
+            "7f0000200000-7f0000300000 ---p 00000000 00:00 0",
+            "7ffd0000-7ffd2000 rw-p 00000000 00:00 0 [stack]",
+            "7ffd3000-7ffd5000 r--p 00000000 00:00 0 [vvar]",
+            "ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0 [vsyscall]",
+        ]
+    )
+    assert launcher._private_writable(maps) == [
+        (0x55D0C000, 0x55D0D000),
+        (0x55D0E000, 0x55D2E000),
+        (0x7F0000000000, 0x7F0000100000),
+        (0x7FFD0000, 0x7FFD2000),
+    ]
+
+
+def test_copying_ahead_stops_once_a_connection_is_handed_over() -> None:
+    """A request handed to a warm worker still copying waits for no more than one chunk."""
+    import socket
+
+    mine, theirs = socket.socketpair()
+    try:
+        mine.send(b"c")
+        assert launcher._populate(theirs) == 0
+    finally:
+        mine.close()
+        theirs.close()
+
+
+def test_copying_ahead_is_bounded() -> None:
+    import socket
+
+    mine, theirs = socket.socketpair()
+    try:
+        done = launcher._populate(theirs)
+    finally:
+        mine.close()
+        theirs.close()
+    assert 0 < done <= launcher._POPULATE_MAX
+
+
+def test_a_report_is_bounded_and_whole_items_only() -> None:
+    item = launcher._HOT_ITEM
+    runs = ((10, 3), (100, 1))
+    assert launcher._decode_hot(launcher._encode_hot(runs)) == runs
+    # A torn report (the worker killed mid-send): the whole items it holds.
+    assert launcher._decode_hot(launcher._encode_hot(runs)[:-3]) == ((10, 3),)
+    # Empty, wrapping or absurd ranges are dropped.
+    hostile = item.pack(5, 0) + item.pack(2**64 - 2, 4) + item.pack(1 << 51, 1 << 51)
+    assert launcher._decode_hot(hostile) == ()
+    many = b"".join(item.pack(i * 2, 1) for i in range(launcher._MAX_HOT + 50))
+    assert len(launcher._decode_hot(many)) == launcher._MAX_HOT
+
+
+def test_a_report_only_ever_names_the_processs_own_private_memory() -> None:
+    page = launcher._PAGE
+    regions = [(100 * page, 110 * page), (200 * page, 201 * page)]
+    hot = ((205, 10), (95, 10), (0, 50), (108, 100), (300, 5))
+    assert launcher._clip(hot, regions) == [
+        (100 * page, 105 * page),
+        (108 * page, 110 * page),
+        (200 * page, 201 * page),
+    ]
+
+
+def test_a_worker_reports_the_pages_it_wrote_after_the_fork() -> None:
+    """pagemap's exclusive bit after a fork: the pages the child wrote, not the ones
+    it only shares with its parent."""
+    import ctypes
+    import mmap
+
+    page = launcher._PAGE
+    buf = mmap.mmap(-1, 64 * page, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    for i in range(64):
+        buf[i * page] = 1
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf)) // page
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            for i in range(10, 20):
+                buf[i * page] = 2
+            runs = launcher._written_pages()
+            written = {p for first, count in runs for p in range(first, first + count)}
+            mine = {p - base for p in written if base <= p < base + 64}
+            os.write(w, repr(sorted(mine)).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r) as fh:
+        got = fh.read()
+    _, status = os.waitpid(pid, 0)
+    assert status == 0
+    assert got == repr(list(range(10, 20)))
+
+
+def test_a_report_never_blocks_the_worker() -> None:
+    """The launcher reads a report only once the worker is reaped: a worker that
+    waited for the reader would never exit."""
+    import contextlib
+    import signal
+    import socket
+
+    mine, theirs = socket.socketpair()
+    old = signal.signal(signal.SIGALRM, signal.default_int_handler)
+    try:
+        theirs.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                theirs.send(b"x" * 65536)
+        theirs.setblocking(True)
+        signal.alarm(20)
+        launcher._report_hot(theirs)  # returns: the buffer is full, the report is dropped
+        signal.alarm(0)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+        mine.close()
+        theirs.close()
