@@ -35,9 +35,7 @@ done, blocked on a socketpair only the launcher holds. An accepted connection
 that passed the uid and staleness checks is handed to it (SCM_RIGHTS) instead
 of forking then: the fork is off the request path. Before it waits it
 rehearses that path once on a request of its own (`_rehearse`), so the
-copy-on-write faults its first run takes are off the path too, then takes
-the request's own faults ahead (`_populate`: the pages an earlier request
-wrote, as a learning warm worker reported them, `_written_pages`). It is a fork of the
+copy-on-write faults its first run takes are off the path too. It is a fork of the
 launcher, so it runs exactly the code the staleness check vouched for; when
 the launcher goes (stale, idle, SIGTERM, SIGKILL) the socketpair closes and an
 unused warm worker exits without serving. A request that finds none (another
@@ -67,7 +65,6 @@ from corral.errors import CorralError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import ctypes
     import subprocess
     from collections.abc import Callable
 
@@ -580,15 +577,11 @@ WORKER_COMM = "corral-worker"
 
 
 @functools.cache
-def _libc() -> ctypes.CDLL:
-    """libc, loaded once: the launcher's handle serves its forks too."""
+def _prctl() -> Callable[..., int]:
+    """libc's prctl, looked up once: the launcher's lookup serves its forks too."""
     import ctypes
 
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def _prctl() -> Callable[..., int]:
-    fn: Callable[..., int] = _libc().prctl
+    fn: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
     return fn
 
 
@@ -686,189 +679,13 @@ def _rehearse() -> None:
                 sock.close()
 
 
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-#: A learning worker's report: at most this many (first page, count) ranges, 16 bytes each,
-#: well below a socketpair's buffer (its send never blocks; the launcher reads it once reaped).
-_MAX_HOT = 4096
-_HOT_ITEM = struct.Struct("=QQ")
-#: Every this many warm workers, one learns again (the request's pages move as corral's does).
-_RELEARN = 32
-_MADV_POPULATE_WRITE = 23  # Linux 5.14
-#: At most this much memory is copied ahead; the launcher's writable memory is ~23 MiB.
-_POPULATE_MAX = 64 << 20
-_POPULATE_CHUNK = 1 << 20
-
-
-def _private_writable(maps: str) -> list[tuple[int, int]]:
-    """The private writable mappings of a /proc/PID/maps text: (start, end) each.
-
-    The heap, anonymous memory, the stack and the data of the interpreter and
-    its libraries; not the kernel's special mappings (vvar, vdso, vsyscall).
-    """
-    out: list[tuple[int, int]] = []
-    for line in maps.splitlines():
-        fields = line.split(maxsplit=5)
-        if len(fields) < 5 or fields[1] != "rw-p":
-            continue
-        name = fields[5].strip() if len(fields) > 5 else ""
-        if name.startswith("[") and name not in ("[heap]", "[stack]"):
-            continue
-        start, _, end = fields[0].partition("-")
-        out.append((int(start, 16), int(end, 16)))
-    return out
-
-
-def _clip(
-    hot: tuple[tuple[int, int], ...], regions: list[tuple[int, int]]
-) -> list[tuple[int, int]]:
-    """The parts of the page ranges `hot` ((first page, count) each) inside `regions` (pure).
-
-    `hot` is a report from an earlier worker: whatever it says, only this
-    process's own private writable memory is ever touched. One merge pass
-    over both, sorted (a report names ~600 ranges, a worker has ~80 mappings).
-    """
-    out: list[tuple[int, int]] = []
-    spans = sorted((first * _PAGE, (first + count) * _PAGE) for first, count in hot)
-    ordered = sorted(regions)
-    i = j = 0
-    while i < len(spans) and j < len(ordered):
-        (lo, hi), (start, end) = spans[i], ordered[j]
-        a, b = max(lo, start), min(hi, end)
-        if a < b:
-            out.append((a, b))
-        if hi <= end:
-            i += 1
-        else:
-            j += 1
-    return out
-
-
-def _populate(handoff: socket.socket, hot: tuple[tuple[int, int], ...] = ()) -> int:
-    """Copy the memory shared with the launcher now, before the request; returns the bytes done.
-
-    After the fork every page of the worker is the launcher's, write-protected:
-    the request's first write to each (a reference count, an allocation) takes
-    a copy-on-write fault, ~750 of them in `run_exec`. MADV_POPULATE_WRITE
-    takes them here. Only the pages in `hot` when given (what an earlier
-    request wrote, ~1,200 pages of ~5,900: `_written_pages`), else all the
-    private writable memory (bounded by `_POPULATE_MAX`): every page copied
-    is the warm worker's own, in memory and in CPU (~3.5 us each). It stops as
-    soon as the launcher has handed it a connection (or gone): a request never
-    waits for more than one chunk. Best effort: an older kernel (EINVAL) or a
-    mapping that changed leaves those faults to the request.
-    """
-    import ctypes
-
-    madvise = _libc().madvise
-    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    madvise.restype = ctypes.c_int
-    try:
-        with open("/proc/self/maps", encoding="ascii", errors="replace") as fh:
-            regions = _private_writable(fh.read())
-    except OSError:
-        return 0
-    if hot:
-        regions = _clip(hot, regions)
-    waiting = select.poll()
-    waiting.register(handoff, select.POLLIN)
-    done = 0
-    checked = -_POPULATE_CHUNK
-    for start, end in regions:
-        at = start
-        while at < end:
-            if done >= _POPULATE_MAX:
-                return done
-            if done - checked >= _POPULATE_CHUNK:
-                if waiting.poll(0):
-                    return done
-                checked = done
-            size = min(_POPULATE_CHUNK, end - at, _POPULATE_MAX - done)
-            if madvise(at, size, _MADV_POPULATE_WRITE) != 0:
-                break  # an older kernel, or this mapping changed: the next one
-            at += size
-            done += size
-    return done
-
-
-def _written_pages() -> tuple[tuple[int, int], ...]:
-    """The runs of pages of this process's private writable memory that it alone maps.
-
-    In a worker that copied nothing ahead, at the end of its request: the pages
-    it (its set-up, rehearsal and request) wrote since the fork, the copy-on-write
-    having made them its own (pagemap's "exclusively mapped" bit, 1 << 56, with
-    "present", 1 << 63), and a few the launcher wrote meanwhile.
-    """
-    with open("/proc/self/maps", encoding="ascii", errors="replace") as fh:
-        regions = _private_writable(fh.read())
-    runs: list[tuple[int, int]] = []
-    mine = (1 << 63) | (1 << 56)
-    with open("/proc/self/pagemap", "rb", buffering=0) as pm:
-        for start, end in regions:
-            first = start // _PAGE
-            pm.seek(first * 8)
-            entries = pm.read((end - start) // _PAGE * 8)
-            run = -1
-            for i, (entry,) in enumerate(struct.iter_unpack("=Q", entries)):
-                if entry & mine == mine:
-                    if run < 0:
-                        run = i
-                elif run >= 0:
-                    runs.append((first + run, i - run))
-                    run = -1
-            if run >= 0:
-                runs.append((first + run, len(entries) // 8 - run))
-    return tuple(runs[:_MAX_HOT])
-
-
-def _encode_hot(runs: tuple[tuple[int, int], ...]) -> bytes:
-    return b"".join(_HOT_ITEM.pack(first, count) for first, count in runs[:_MAX_HOT])
-
-
-def _decode_hot(data: bytes) -> tuple[tuple[int, int], ...]:
-    """A report's page runs (pure): bounded, whole items only, none wrapping."""
-    n = min(len(data) // _HOT_ITEM.size, _MAX_HOT)
-    out = []
-    for first, count in _HOT_ITEM.iter_unpack(data[: n * _HOT_ITEM.size]):
-        if count > 0 and first + count < (1 << 52):
-            out.append((first, count))
-    return tuple(out)
-
-
-def _report_hot(handoff: socket.socket) -> None:
-    """Tell the launcher which pages this request wrote; never blocks, best effort."""
-    try:
-        data = _encode_hot(_written_pages())
-        handoff.send(data, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
-    except OSError:
-        pass
-
-
-def _read_report(sock: socket.socket) -> tuple[tuple[int, int], ...]:
-    """What a reaped learning worker reported (everything it sent is queued by now)."""
-    data = b""
-    limit = _MAX_HOT * _HOT_ITEM.size
-    try:
-        while len(data) < limit:
-            chunk = sock.recv(limit - len(data), socket.MSG_DONTWAIT)
-            if not chunk:
-                break
-            data += chunk
-    except OSError:
-        pass
-    return _decode_hot(data)
-
-
-def _await_handoff(handoff: socket.socket, keep: bool = False) -> socket.socket | None:
-    """The connection the launcher hands this warm worker, or None when the launcher is gone.
-
-    `keep`: a learning worker keeps `handoff` open for its report (`_report_hot`).
-    """
+def _await_handoff(handoff: socket.socket) -> socket.socket | None:
+    """The connection the launcher hands this warm worker, or None when the launcher is gone."""
     try:
         _msg, fds, _flags, _addr = socket.recv_fds(handoff, 1, 1)
     except OSError:
-        handoff.close()
         return None
-    if not keep or not fds:
+    finally:
         handoff.close()
     if not fds:
         return None  # EOF: the launcher exited (or retired this worker)
@@ -876,16 +693,11 @@ def _await_handoff(handoff: socket.socket, keep: bool = False) -> socket.socket 
 
 
 class _Warm:
-    """The launcher's side of a warm worker: its pid and the socketpair end it waits on.
+    """The launcher's side of a warm worker: its pid and the socketpair end it waits on."""
 
-    A `learner` copies nothing ahead and reports on that socketpair, at the end
-    of its request, which pages it wrote (`_report_hot`).
-    """
-
-    def __init__(self, pid: int, sock: socket.socket, learner: bool = False) -> None:
+    def __init__(self, pid: int, sock: socket.socket) -> None:
         self.pid = pid
         self.sock = sock
-        self.learner = learner
 
     def hand(self, conn: socket.socket) -> bool:
         """Pass `conn` on; False when the worker cannot take it (it died)."""
@@ -1018,11 +830,6 @@ def serve(path: Path, *, idle_s: float = 300.0, ready_fd: int | None = None) -> 
         os.close(ready_fd)
     children: set[int] = set()
     warm: _Warm | None = None
-    # Learning workers' report sockets, by pid (read once reaped), and the pages the
-    # last report named: what the next warm workers copy ahead.
-    reports: dict[int, socket.socket] = {}
-    hot: tuple[tuple[int, int], ...] = ()
-    spawned = [0]
     rewarm = True
     launcher_pid = os.getpid()
     with open("/proc/self/comm", encoding="utf-8", errors="replace") as fh:
@@ -1033,7 +840,6 @@ def serve(path: Path, *, idle_s: float = 300.0, ready_fd: int | None = None) -> 
         client: socket.socket | None,
         handoff: socket.socket | None = None,
         handoff_peer: socket.socket | None = None,
-        learner: bool = False,
     ) -> int:
         """Fork a worker for `client`, or a warm one that waits on `handoff` for its connection."""
         sys.stdout.flush()
@@ -1055,7 +861,7 @@ def serve(path: Path, *, idle_s: float = 300.0, ready_fd: int | None = None) -> 
         try:
             # The launcher's ends of the socketpairs too: a warm worker must see EOF
             # once the launcher is gone, however it went.
-            socks = [lsock, *(s.sock for s in (warm,) if s is not None), *reports.values()]
+            socks = [lsock, *(s.sock for s in (warm,) if s is not None)]
             _after_fork(socks + ([handoff_peer] if handoff_peer else []), [lock, wake_r, wake_w])
             watch.close()
             if client is not None:
@@ -1070,43 +876,33 @@ def serve(path: Path, *, idle_s: float = 300.0, ready_fd: int | None = None) -> 
 
                 # The exec path's checks too (`cli.rehearse`); nothing of it is kept.
                 cli.rehearse()
-                if not learner:
-                    _populate(handoff, hot)
                 _set_comm(WARM_COMM)
-                got = _await_handoff(handoff, keep=learner)
+                got = _await_handoff(handoff)
                 if got is None:
                     prewarm.discard()
                 else:
                     _set_comm(WORKER_COMM)
                     status = _worker(got)
                     prewarm.discard()  # a request that started no sandbox
-                    if learner:
-                        _report_hot(handoff)
         except BaseException:
             status = 1
         finally:
             os._exit(status)
 
     def spawn_warm() -> _Warm | None:
-        learner = not hot or spawned[0] % _RELEARN == 0
-        spawned[0] += 1
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
-            pid = fork_worker(None, theirs, mine, learner)
+            pid = fork_worker(None, theirs, mine)
         except OSError:
             mine.close()
             return None
         finally:
             theirs.close()
-        return _Warm(pid, mine, learner)
+        return _Warm(pid, mine)
 
     try:
         while not stopping:
             for pid in _reap(children):
-                if pid in reports:
-                    report = reports.pop(pid)
-                    hot = _read_report(report) or hot
-                    report.close()
                 if warm is not None and pid == warm.pid:
                     # Died unused: no new one until a request comes (no fork loop).
                     warm.close()
@@ -1151,10 +947,7 @@ def serve(path: Path, *, idle_s: float = 300.0, ready_fd: int | None = None) -> 
                     break
                 if warm is not None:
                     handed = warm.hand(conn)
-                    if handed and warm.learner:
-                        reports[warm.pid] = warm.sock
-                    else:
-                        warm.close()
+                    warm.close()
                     if handed:
                         children.add(warm.pid)
                         warm = None
@@ -1171,8 +964,6 @@ def serve(path: Path, *, idle_s: float = 300.0, ready_fd: int | None = None) -> 
         if warm is not None:
             # Unused: it sees EOF and exits without serving.
             warm.close()
-        for report in reports.values():
-            report.close()
         if _same_socket(path, ident):
             with contextlib.suppress(OSError):
                 os.unlink(path)
