@@ -192,6 +192,26 @@ def listener_pid(sock: Path) -> int | None:
         s.close()
 
 
+def _has_interpreter(path: Path) -> bool:
+    """Whether an ELF64 executable names a program interpreter (PT_INTERP)."""
+    import struct
+
+    data = path.read_bytes()
+    assert data[:5] == b"\x7fELF\x02", "not an ELF64 file"
+    (phoff,) = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    return any(struct.unpack_from("<I", data, phoff + i * phentsize)[0] == 3 for i in range(phnum))
+
+
+def test_the_front_end_is_static_where_the_c_library_allows(frontend: Path) -> None:
+    """No dynamic loader on every `corral exec` (install-system.sh installs libc6-dev, whose
+    libc.a the compiled init links too); without the archive it is linked dynamically."""
+    import glob
+
+    static_libc = bool(glob.glob("/usr/lib/*/libc.a") or glob.glob("/usr/lib/libc.a"))
+    assert _has_interpreter(frontend) is not static_libc
+
+
 @pytest.fixture
 def launcher_proc() -> Iterator[Launcher]:
     # Short: sun_path holds 108 bytes, and the front end does not shorten it.
