@@ -329,3 +329,34 @@ def test_the_spawned_bwrap_is_the_workers_child_and_its_spawner_no_leftover(
     assert proc.returncode == 0, err
     report = json.loads(err.decode().strip().splitlines()[-1])
     assert report["processes_killed_at_end"] == 0, report
+
+
+def test_without_the_spawn_library_the_parked_child_execs_bwrap_itself(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No compiler for spawn.c: the prepared child becomes bwrap (its own exec), and the
+    sandbox runs and ends as with the sibling spawn."""
+    from corral.sandbox import initbin
+    from corral.sandbox.namespace import NamespaceSandbox
+    from corral.sandbox.spec import SandboxSpec
+
+    monkeypatch.setattr(initbin, "spawn_library", lambda _cache: None)
+    prefork.prepare()
+    try:
+        assert len(prefork._slot) == 1
+        child = prefork._slot[0].pid
+        spec = SandboxSpec(
+            argv=("sh", "-c", "echo in > out"), workspace=str(workspace),
+            env=(("PATH", "/usr/bin:/bin"),),
+        )  # fmt: skip
+        running = NamespaceSandbox(spec).start()
+        try:
+            assert running.proc.pid == child  # the parked child itself, exec'd
+            assert getattr(running.proc, "predecessor", 0) == 0
+            assert running.wait(30).exit == 0
+        finally:
+            running.close()
+    finally:
+        prefork.discard()
+    assert (workspace / "out").read_text() == "in\n"
+    assert not alive(child)
