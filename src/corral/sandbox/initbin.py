@@ -8,9 +8,7 @@ this user and writable by nobody else (the same rule as the seccomp cache);
 anything else is rebuilt. Without a compiler it returns None and the
 launcher falls back to init.py under /usr/bin/python3 (slower start-up).
 `gvsup_binary(cache_dir)` does the same for the gVisor backend's static
-supervisor (without it, that backend runs the command with `runsc exec`),
-and `spawn_library(cache_dir)` for the prepared child's sibling spawn
-(spawn.c; without it the child execs bwrap itself, ~1.5 ms slower).
+supervisor (without it, that backend runs the command with `runsc exec`).
 """
 
 from __future__ import annotations
@@ -21,18 +19,10 @@ import zlib
 
 from corral._payload import path as payload_path
 
-__all__ = [
-    "GVSUP_SOURCE",
-    "INIT_SOURCE",
-    "SPAWN_SOURCE",
-    "gvsup_binary",
-    "init_binary",
-    "spawn_library",
-]
+__all__ = ["GVSUP_SOURCE", "INIT_SOURCE", "gvsup_binary", "init_binary"]
 
 INIT_SOURCE = payload_path("init.c")
 GVSUP_SOURCE = payload_path("gvsup.c")
-SPAWN_SOURCE = payload_path("spawn.c")
 _CFLAGS = ("-O2", "-Wall", "-Wextra", "-D_FORTIFY_SOURCE=2", "-fstack-protector-strong")
 #: Tried first: a static init skips the dynamic loader (ld.so.cache, libc's
 #: mapping and relocations) inside every sandbox, ~0.3-0.5 ms of each start.
@@ -40,7 +30,6 @@ _CFLAGS = ("-O2", "-Wall", "-Wextra", "-D_FORTIFY_SOURCE=2", "-fstack-protector-
 _INIT_LINKS: tuple[tuple[str, ...], ...] = (("-static",), ())
 #: Static only: gVisor's ptrace platform makes every mapping of a dynamic load dear.
 _GVSUP_LINKS: tuple[tuple[str, ...], ...] = (("-static", "-s"),)
-_SPAWN_LINKS: tuple[tuple[str, ...], ...] = (("-shared", "-fPIC"),)
 
 
 def _trusted(path: str) -> bool:
@@ -65,12 +54,6 @@ def gvsup_binary(cache_dir: str) -> str | None:
     """The static gVisor supervisor, building it when needed; None without a compiler
     (or without a static libc)."""
     return _binary(cache_dir, "corral-gvsup", GVSUP_SOURCE, _GVSUP_LINKS)
-
-
-def spawn_library(cache_dir: str) -> str | None:
-    """The shared library a prepared sandbox child spawns bwrap with (`prefork`),
-    building it when needed; None without a compiler (the child then execs bwrap itself)."""
-    return _binary(cache_dir, "corral-spawn.so", SPAWN_SOURCE, _SPAWN_LINKS)
 
 
 def _binary(cache_dir: str, name: str, src: str, links: tuple[tuple[str, ...], ...]) -> str | None:

@@ -627,7 +627,6 @@ class NamespaceSandbox:
                     hold_fd=hold_w,
                     bwrap_status_fd=bwrap_status_r,
                     placeholders=placeholders,
-                    predecessor=int(getattr(proc, "predecessor", 0)),
                 )
                 running.unix_supervisor = supervisor
                 lease = None
@@ -934,11 +933,8 @@ class RunningSandbox(CgroupProcessHandle):
         hold_fd: int = -1,
         bwrap_status_fd: int = -1,
         placeholders: Placeholders | None = None,
-        predecessor: int = 0,
     ) -> None:
         self.proc = proc
-        #: The prepared child that spawned bwrap and exited (`prefork`), to reap.
-        self._predecessor = predecessor
         #: The host uid/gid this sandbox holds (None when corral is not root).
         self.uid_lease = uid_lease
         self.placeholders = placeholders
@@ -1099,17 +1095,7 @@ class RunningSandbox(CgroupProcessHandle):
         )
         return dataclasses.replace(result, killed_names=self._leftover_names)
 
-    def _reap_predecessor(self) -> None:
-        # It exited right after spawning bwrap (`prefork`): reaped here, so no
-        # zombie of the worker's outlives the sandbox (exited, it is in no
-        # cgroup.procs, so it never counted as a leftover).
-        if self._predecessor > 0:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(self._predecessor, 0)
-            self._predecessor = 0
-
     def _count_leftovers(self) -> None:
-        self._reap_predecessor()
         if self.cgroup is None:
             return
         self._drain_status()
@@ -1138,7 +1124,6 @@ class RunningSandbox(CgroupProcessHandle):
         self._closed = True
         emptied = False
         try:
-            self._reap_predecessor()
             self._release()
             if self.proc.poll() is None:
                 self.kill_all()

@@ -14,17 +14,17 @@ fits (same cgroup parent and layout; the request's limits are written into
 the cgroup first, before the child may exec anything), and `launch` sends it
 what Popen would have given the child: argv, environment, umask, resource
 limits and the descriptors at the numbers the argv names (SCM_RIGHTS). The
-child then runs the same `namespace.child_setup` as Popen's child and starts
-bwrap. With the compiled `spawn.c` (`initbin.spawn_library`) it spawns bwrap
-as the worker's child (CLONE_VM|CLONE_VFORK|CLONE_PARENT): its own exec
-would first unmap the ~40 MB it shares with the worker (~1.5 ms here), a
-vfork-style child's drops a reference; bwrap's parent is the worker as
-before (its --die-with-parent, the worker's wait), the death signal armed
-again and checked before its exec, and the child reports bwrap's pid and
-exits. Without a compiler it execs bwrap itself; the worker then waits for
-that exec like Popen does (the socket is close-on-exec: EOF means exec'd,
-bytes are the error). With `launch(gate=...)` the child stops before its
-self-binds until the worker has made the protection placeholders.
+child then runs the same `namespace.child_setup` as Popen's child and execs
+bwrap; the parent waits for that exec like Popen does (the socket is
+close-on-exec: EOF means exec'd, bytes are the error). With
+`launch(gate=...)` the child stops before its self-binds until the worker
+has made the protection placeholders.
+
+Tried and dropped: spawning bwrap as the worker's child from a vfork-style
+clone (CLONE_VM|CLONE_VFORK|CLONE_PARENT) instead of this exec, which
+first unmaps the ~40 MB the child shares with the worker: -1.0 ms, but the
+exiting spawner stays charged to the sandbox's pids limit until reaped, so
+`--pids 4` (enough for bwrap, its pid 1, the init and `sh`) failed.
 
 What it holds while parked: stdio, its end of the socketpair (every
 other descriptor is closed at the fork) and the sandbox's network namespace,
@@ -65,9 +65,6 @@ SETUP_COMM = "corral-spawning"
 _MAX_BODY = 16 << 20
 #: What releases a gated child (`launch(gate=...)`) into its self-binds.
 _GO = b"G"
-#: Before (pid, errno) of the bwrap a child spawned as the worker's child (spawn.c);
-#: any other reply is the reason it failed. Its NUL bytes are in no str(exception).
-_STARTED = b"\0corral-spawned\0"
 #: SCM_MAX_FD: the kernel refuses more descriptors in one message.
 _MAX_FDS = 253
 _PR_SET_NAME = 15
@@ -79,11 +76,9 @@ class AdoptedChild(subprocess.Popen[bytes]):
     Only the attributes those methods read are set; there are no pipes.
     """
 
-    def __init__(self, pid: int, args: Sequence[str], *, predecessor: int = 0) -> None:
+    def __init__(self, pid: int, args: Sequence[str]) -> None:
         self.args = list(args)
         self.pid = pid
-        #: The prepared child that spawned this one (spawn.c), exiting: theirs to reap.
-        self.predecessor = predecessor
         self.returncode = None
         self.stdin = self.stdout = self.stderr = None
         self._child_created = True
@@ -176,13 +171,9 @@ class Prepared:
                     self.release_child()
                     raise
                 self.sock.sendall(_GO)
-            # The child's end is close-on-exec: EOF alone means bwrap was exec'd; a
-            # spawned sibling's header is enough (the child's exit, which ends the
-            # stream, unmaps its memory first).
+            # The child's end is close-on-exec: EOF alone means bwrap was exec'd.
             while chunk := self.sock.recv(4096):
                 reply += chunk[: 4096 - len(reply)]
-                if _spawned_ok(reply):
-                    break
         except OSError as exc:
             # Its reason, if it sent one before it went.
             with contextlib.suppress(OSError):
@@ -193,18 +184,6 @@ class Prepared:
             raise subprocess.SubprocessError(f"the prepared child is gone: {why}") from exc
         finally:
             self.sock.close()
-        if reply.startswith(_STARTED) and len(reply) >= len(_STARTED) + 8:
-            sibling, err = struct.unpack_from("!ii", reply, len(_STARTED))
-            if err:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(sibling, 0)
-                self.release_child()
-                why = reply[len(_STARTED) + 8 :].decode(errors="replace")
-                raise subprocess.SubprocessError(why)
-            # Exiting (its unmapping is what the sibling spawn keeps off this path):
-            # the sandbox reaps it (`RunningSandbox`).
-            child, self.pid = self.pid, -1
-            return AdoptedChild(sibling, argv, predecessor=child)
         if reply:
             self.release_child()
             raise subprocess.SubprocessError(reply.decode(errors="replace"))
@@ -258,12 +237,8 @@ def prepare(parent: str = "corral") -> None:
         cg = Cgroup.create(layout, f"{parent}/exec-{os.getpid()}-{os.urandom(4).hex()}", Limits())
     except (CgroupError, OSError):
         return
-    from corral.sandbox import initbin
-    from corral.sandbox.namespace import cache_dir
-
-    spawner = initbin.spawn_library(cache_dir())
     try:
-        prepared = _fork(cg, parent, spawner)
+        prepared = _fork(cg, parent)
     except BaseException:
         with contextlib.suppress(CgroupError, OSError):
             cg.remove(timeout_s=2.0)
@@ -272,7 +247,7 @@ def prepare(parent: str = "corral") -> None:
         _slot.append(prepared)
 
 
-def _fork(cg: Cgroup, parent: str, spawner: str | None) -> Prepared | None:
+def _fork(cg: Cgroup, parent: str) -> Prepared | None:
     try:
         attach = cg.open_attach_fds()
     except CgroupError:
@@ -292,7 +267,7 @@ def _fork(cg: Cgroup, parent: str, spawner: str | None) -> Prepared | None:
                 _set_comm(comm)
         if pid == 0:
             mine.close()
-            _child(theirs, attach, worker, spawner)  # never returns
+            _child(theirs, attach, worker)  # never returns
     except OSError:
         mine.close()
         cg.remove(timeout_s=2.0)
@@ -323,15 +298,11 @@ def _set_comm(name: bytes) -> None:
         raise OSError(err, f"prctl(PR_SET_NAME): {os.strerror(err)}")
 
 
-def _child(sock: socket.socket, attach: list[int], worker: int, spawner: str | None) -> None:
-    """The parked child: join the cgroup, wait for the request, set up, exec (or spawn) bwrap."""
+def _child(sock: socket.socket, attach: list[int], worker: int) -> None:
+    """The parked child: join the cgroup, wait for the request, set up, exec bwrap."""
     status = 127
     try:
-        import ctypes
-
         from corral.sandbox import namespace
-
-        spawn = None if spawner is None else ctypes.CDLL(spawner).corral_spawn_sibling
 
         namespace.set_pdeathsig(signal.SIGKILL)
         # The worker may have died before PDEATHSIG was armed.
@@ -378,42 +349,12 @@ def _child(sock: socket.socket, attach: list[int], worker: int, spawner: str | N
             self_binds=[(r, rel, w, n) for r, rel, w, n in selfs], make_net=False,
             gate=(lambda: _await_go(sock)) if gated else None,
         )  # fmt: skip
-        if spawn is None:
-            os.execve(argv[0], argv, env)
-        pid, err = _spawn_sibling(spawn, argv, env)
-        if err:
-            why = f"{argv[0]}: {os.strerror(err)}".encode()
-            sock.sendall(_STARTED + struct.pack("!ii", pid, err) + why[:4000])
-        else:
-            sock.sendall(_STARTED + struct.pack("!ii", pid, 0))
-            status = 0
-        sock.close()
+        os.execve(argv[0], argv, env)
     except BaseException as exc:
         with contextlib.suppress(BaseException):
             sock.sendall((str(exc) or type(exc).__name__).encode()[:4000] or b"?")
     finally:
         os._exit(status)
-
-
-def _spawn_sibling(
-    spawn: Callable[..., int], argv: list[str], env: dict[str, str]
-) -> tuple[int, int]:
-    """(pid, execve's errno) of bwrap spawned as the worker's child (spawn.c)."""
-    import ctypes
-
-    args = (ctypes.c_char_p * (len(argv) + 1))(*(os.fsencode(a) for a in argv), None)
-    pairs = [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()]
-    envp = (ctypes.c_char_p * (len(pairs) + 1))(*pairs, None)
-    err = ctypes.c_int(0)
-    pid = spawn(os.fsencode(argv[0]), args, envp, ctypes.byref(err))
-    if pid < 0:
-        raise OSError(-pid, f"clone: {os.strerror(-pid)}")
-    return pid, err.value
-
-
-def _spawned_ok(reply: bytes) -> bool:
-    n = len(_STARTED)
-    return reply[:n] == _STARTED and len(reply) >= n + 8 and reply[n + 4 : n + 8] == b"\0" * 4
 
 
 def _await_go(sock: socket.socket) -> None:

@@ -50,13 +50,9 @@ def _spawned(warm: int) -> list[int]:
 
 
 def _bwrap_of(warm: int, child: int) -> int:
-    """The bwrap monitor the parked `child` started: the child itself once it exec'd,
-    or (spawn.c) its sibling, a child of the same worker, the child gone."""
-    if comm(child) == "bwrap":
-        return child
-    (monitor,) = [p for p in children_of(warm) if comm(p) == "bwrap"]
-    assert not alive(child) or comm(child) in ("", prefork.SETUP_COMM)
-    return monitor
+    """The bwrap monitor the parked `child` became (its own exec)."""
+    assert comm(child) == "bwrap", comm(child)
+    return child
 
 
 def _procs_of(cgroup_dir: str) -> list[int]:
@@ -304,43 +300,12 @@ def test_a_placeholder_that_cannot_be_made_kills_the_gated_child(
     assert os.listdir(workspace) == []
 
 
-def test_the_spawned_bwrap_is_the_workers_child_and_its_spawner_no_leftover(
-    parked: tuple[int, int], frontend: Path, launcher_proc: Launcher, workspace: Path, marker: str
-) -> None:
-    """spawn.c: the parked child spawns bwrap as its *sibling* (CLONE_PARENT, the
-    worker its parent, so --die-with-parent and the worker's wait mean what they did)
-    and exits, so the spawner, a process of the sandbox's cgroup, is gone and never
-    reported as the command's leftover."""
-    import json
-
-    warm, child = parked
-    proc = subprocess.Popen(
-        [str(frontend), "exec", "--json", "--", "sh", "-c", "echo started; read x", marker],
-        cwd=workspace, env=launcher_proc.env(), stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    assert proc.stdout is not None and proc.stdin is not None
-    assert proc.stdout.readline() == b"started\n"
-    monitor = _bwrap_of(warm, child)
-    status = Path(f"/proc/{monitor}/status").read_text()
-    assert f"\nPPid:\t{warm}\n" in status, status
-    assert wait_for(lambda: not alive(child), 10), "the spawner outlived its spawn"
-    _, err = proc.communicate(b"\n", timeout=30)
-    assert proc.returncode == 0, err
-    report = json.loads(err.decode().strip().splitlines()[-1])
-    assert report["processes_killed_at_end"] == 0, report
-
-
-def test_without_the_spawn_library_the_parked_child_execs_bwrap_itself(
-    workspace: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """No compiler for spawn.c: the prepared child becomes bwrap (its own exec), and the
-    sandbox runs and ends as with the sibling spawn."""
-    from corral.sandbox import initbin
+def test_the_parked_child_becomes_the_sandboxs_bwrap(workspace: Path) -> None:
+    """In-process: the prepared child execs bwrap itself (its pid is bwrap's), and the
+    sandbox runs and ends as a cold start does."""
     from corral.sandbox.namespace import NamespaceSandbox
     from corral.sandbox.spec import SandboxSpec
 
-    monkeypatch.setattr(initbin, "spawn_library", lambda _cache: None)
     prefork.prepare()
     try:
         assert len(prefork._slot) == 1
@@ -351,8 +316,7 @@ def test_without_the_spawn_library_the_parked_child_execs_bwrap_itself(
         )  # fmt: skip
         running = NamespaceSandbox(spec).start()
         try:
-            assert running.proc.pid == child  # the parked child itself, exec'd
-            assert getattr(running.proc, "predecessor", 0) == 0
+            assert running.proc.pid == child
             assert running.wait(30).exit == 0
         finally:
             running.close()
@@ -360,3 +324,18 @@ def test_without_the_spawn_library_the_parked_child_execs_bwrap_itself(
         prefork.discard()
     assert (workspace / "out").read_text() == "in\n"
     assert not alive(child)
+
+
+def test_the_prepared_child_costs_the_sandbox_no_process_of_its_pids_limit(
+    parked: tuple[int, int], frontend: Path, launcher_proc: Launcher, workspace: Path
+) -> None:
+    """The smallest `--pids` a cold start runs `sh` in (bwrap, its pid 1, the init, `sh`)
+    is enough through the prepared child too: nothing of corral's stays charged to the
+    sandbox's cgroup (a spawner that exited but was not yet reaped did, and failed this)."""
+    cold = subprocess.run(
+        corral_argv("--pids", "4", "--workspace", str(workspace), "--", "sh", "-c", "echo ok"),
+        capture_output=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert (cold.returncode, cold.stdout) == (0, b"ok\n"), cold.stderr
+    warm = _run(frontend, launcher_proc, workspace, "--pids", "4", "--", "sh", "-c", "echo ok")
+    assert (warm.returncode, warm.stdout) == (0, b"ok\n"), warm.stderr
