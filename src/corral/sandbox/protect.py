@@ -778,12 +778,10 @@ class Placeholders:
         """Make a deferred plan's placeholders, then let go of the records' lock."""
         try:
             self._create()
+        except SandboxStartError:
+            raise
         except OSError as exc:
-            if isinstance(exc, SandboxStartError):
-                raise
-            raise SandboxStartError(
-                exc.errno or 0, f"protect: {exc.strerror or exc}: {show(str(exc.filename))}"
-            ) from exc
+            raise _start_error(exc) from exc
         finally:
             self._unlock()
 
@@ -928,10 +926,15 @@ def start_protection(
         finally:
             if lock >= 0:
                 os.close(lock)
+    except SandboxStartError:
+        raise
     except OSError as exc:
-        if isinstance(exc, SandboxStartError):
-            raise
-        raise SandboxStartError(
-            exc.errno or 0, f"protect: {exc.strerror or exc}: {show(str(exc.filename))}"
-        ) from exc
+        raise _start_error(exc) from exc
     return bind_pairs(p, sources), placeholders
+
+
+def _start_error(exc: OSError) -> SandboxStartError:
+    """A file error of the placeholders' set-up as the start's error, naming its path."""
+    return SandboxStartError(
+        exc.errno or 0, f"protect: {exc.strerror or exc}: {show(str(exc.filename))}"
+    )
